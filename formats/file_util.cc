@@ -1,0 +1,160 @@
+#include "formats/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+namespace nl {
+
+namespace fs = std::filesystem;
+
+Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return Status::FromErrno("cannot stat " + path, e);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return Status::IOError("cannot read " + path + ": is a directory");
+  }
+  const size_t start = out->size();
+  size_t cap = st.st_size > 0 ? static_cast<size_t>(st.st_size) : 4096;
+  out->resize(start + cap);
+  size_t got = 0;
+  while (true) {
+    if (start + got == out->size()) out->resize(out->size() * 2);
+    ssize_t n = ::read(fd, out->data() + start + got, out->size() - start - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      out->resize(start);
+      return Status::FromErrno("cannot read " + path, e);
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out->resize(start + got);
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
+  std::vector<uint8_t> out;
+  NL_RETURN_IF_ERROR(ReadFileInto(path, &out));
+  return out;
+}
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  NL_ASSIGN_OR_RETURN(std::vector<uint8_t> b, ReadFileBytes(path));
+  return std::string(b.begin(), b.end());
+}
+
+Status WriteFile(const std::string& path, const void* data, size_t n) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("cannot create " + path, errno);
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      return Status::FromErrno("cannot write " + path, e);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0) return Status::FromErrno("cannot close " + path, errno);
+  return Status::Ok();
+}
+
+Status FsyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("cannot open directory " + dir, errno);
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno("cannot fsync " + dir, e);
+  return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
+  const char* p = contents.data();
+  size_t n = contents.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::FromErrno("cannot write " + tmp, e);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return Status::FromErrno("cannot flush " + tmp, e);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return Status::FromErrno("cannot rename " + tmp + " to " + path, e);
+  }
+  return FsyncDir(fs::path(path).parent_path().string().empty()
+                      ? std::string(".")
+                      : fs::path(path).parent_path().string());
+}
+
+Status MakeDirs(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create directory " + dir + ": " + ec.message());
+  return Status::Ok();
+}
+
+Status RemoveAll(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) return Status::IOError("cannot remove " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
+Result<uint64_t> FileSize(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st{};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+TempDir& TempDir::operator=(TempDir&& o) noexcept {
+  if (this != &o) {
+    if (!path_.empty()) (void)RemoveAll(path_);
+    path_ = std::move(o.path_);
+    o.path_.clear();
+  }
+  return *this;
+}
+
+TempDir::~TempDir() {
+  if (!path_.empty()) (void)RemoveAll(path_);
+}
+
+}  // namespace nl

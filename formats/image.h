@@ -1,0 +1,72 @@
+// Decoded images and the decoders' shared vocabulary.
+//
+// Every decoder yields 8-bit RGB, interleaved, row-major, exactly as Pillow's
+// `Image.open(f).convert("RGB")` would (see FORMAT.md, "Decoded pixels").
+// The format is found from the bytes, never from a file name.
+//
+//   Result<Image> img = DecodeImage(bytes, {.max_pixels = 16 << 20});
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace nl {
+
+struct Image {
+  uint32_t width = 0;
+  uint32_t height = 0;
+  std::vector<uint8_t> pixels;  // width * height * 3 bytes, RGB
+};
+
+enum class ImageFormat { kUnknown, kPng, kJpeg, kGif, kBmp, kWebp, kTiff, kPnm };
+std::string_view ImageFormatName(ImageFormat f);
+// From magic bytes alone.
+ImageFormat DetectImageFormat(std::span<const uint8_t> bytes);
+
+struct DecodeLimits {
+  // Checked from the header, before any pixel buffer is allocated.
+  uint64_t max_pixels = 64ull << 20;
+};
+
+struct ImageInfo {
+  ImageFormat format = ImageFormat::kUnknown;
+  uint32_t width = 0;
+  uint32_t height = 0;
+};
+
+// Header only: format and size. Errors as DecodeImage's.
+Result<ImageInfo> ReadImageInfo(std::span<const uint8_t> bytes);
+
+// Decodes a PNG or JPEG to RGB. Errors: Unsupported (another or unknown
+// format), Corruption (truncated or damaged data, including libjpeg warnings
+// such as premature end of data), ResourceExhausted (over limits.max_pixels).
+Result<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeLimits& limits = {});
+// As DecodeImage, reusing out->pixels' capacity.
+Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
+
+// Format-specific entry points (DecodeImage dispatches to these).
+Status DecodePngInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
+Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
+Result<ImageInfo> ReadPngInfo(std::span<const uint8_t> bytes);
+Result<ImageInfo> ReadJpegInfo(std::span<const uint8_t> bytes);
+
+enum class ChromaSubsampling { k444, k422, k420, kGray };
+struct JpegEncodeOptions {
+  int quality = 95;
+  ChromaSubsampling subsampling = ChromaSubsampling::k420;
+  bool progressive = false;
+};
+// Encodes interleaved pixels with `channels` = 1 (gray), 3 (RGB) or 4 (CMYK,
+// stored as given, Adobe-style). Used by tests and tools.
+Result<std::vector<uint8_t>> EncodeJpeg(std::span<const uint8_t> pixels, uint32_t width,
+                                        uint32_t height, int channels,
+                                        const JpegEncodeOptions& options = {});
+
+// Encodes RGB as an 8-bit, non-interlaced PNG (zlib level 0-9).
+Result<std::vector<uint8_t>> EncodePng(const Image& img, int compression_level = 6);
+
+}  // namespace nl

@@ -1,0 +1,324 @@
+// Decoders on images the tests make with libpng and libjpeg-turbo, compared
+// with the pixels they encoded, and on bad inputs.
+#include "formats/image.h"
+
+#include <gtest/gtest.h>
+
+#include <zlib.h>
+
+#include <cmath>
+
+#include "formats/test_util.h"
+
+namespace nl {
+namespace {
+
+using testing::EncodePngForTest;
+using testing::PngSpec;
+
+constexpr uint32_t kW = 13, kH = 9;  // odd sizes exercise packing and interlace passes
+
+// Builds samples for `spec` and the RGB that Pillow's convert("RGB") gives.
+std::vector<uint8_t> Fill(PngSpec* s) {
+  int ch = 0;
+  switch (s->color_type) {
+    case PNG_COLOR_TYPE_GRAY: ch = 1; break;
+    case PNG_COLOR_TYPE_GRAY_ALPHA: ch = 2; break;
+    case PNG_COLOR_TYPE_RGB: ch = 3; break;
+    case PNG_COLOR_TYPE_RGB_ALPHA: ch = 4; break;
+    case PNG_COLOR_TYPE_PALETTE: ch = 1; break;
+  }
+  const uint32_t maxv = (1u << s->bit_depth) - 1;
+  s->width = kW;
+  s->height = kH;
+  s->samples.clear();
+  std::vector<uint8_t> rgb;
+  uint32_t seed = 12345;
+  if (s->color_type == PNG_COLOR_TYPE_PALETTE) {
+    const uint32_t n = std::min<uint32_t>(maxv + 1, 20);
+    for (uint32_t i = 0; i < n; ++i) {
+      s->palette.push_back({static_cast<png_byte>(i * 13), static_cast<png_byte>(255 - i * 7),
+                            static_cast<png_byte>(i * 101 % 256)});
+    }
+  }
+  for (uint32_t p = 0; p < kW * kH; ++p) {
+    uint16_t v[4];
+    for (int c = 0; c < ch; ++c) {
+      seed = seed * 1664525u + 1013904223u;
+      v[c] = static_cast<uint16_t>((seed >> 8) % (maxv + 1));
+      if (s->color_type == PNG_COLOR_TYPE_PALETTE) v[c] = static_cast<uint16_t>(v[c] % s->palette.size());
+      s->samples.push_back(v[c]);
+    }
+    auto to8 = [&](uint16_t x) -> uint8_t {
+      if (s->bit_depth == 16) {
+        // Pillow: 16-bit gray (mode I) clips to 255; others keep the high byte.
+        return s->color_type == PNG_COLOR_TYPE_GRAY ? static_cast<uint8_t>(std::min<uint16_t>(x, 255))
+                                                    : static_cast<uint8_t>(x >> 8);
+      }
+      return static_cast<uint8_t>(x * 255 / maxv);
+    };
+    if (s->color_type == PNG_COLOR_TYPE_PALETTE) {
+      const png_color& c = s->palette[v[0]];
+      rgb.insert(rgb.end(), {c.red, c.green, c.blue});
+    } else if (ch <= 2) {
+      const uint8_t g = to8(v[0]);
+      rgb.insert(rgb.end(), {g, g, g});
+    } else {
+      rgb.insert(rgb.end(), {to8(v[0]), to8(v[1]), to8(v[2])});
+    }
+  }
+  return rgb;
+}
+
+struct PngCase {
+  const char* name;
+  int color_type;
+  int bit_depth;
+  bool interlaced;
+  bool trns;
+};
+
+class PngDecode : public ::testing::TestWithParam<PngCase> {};
+
+TEST_P(PngDecode, MatchesEncodedPixelsExactly) {
+  const PngCase& c = GetParam();
+  PngSpec spec;
+  spec.color_type = c.color_type;
+  spec.bit_depth = c.bit_depth;
+  spec.interlaced = c.interlaced;
+  std::vector<uint8_t> want = Fill(&spec);
+  if (c.trns) {
+    if (c.color_type == PNG_COLOR_TYPE_PALETTE) {
+      for (size_t i = 0; i < spec.palette.size(); ++i) spec.palette_alpha.push_back(static_cast<uint8_t>(i * 40));
+    } else {
+      spec.gray_or_rgb_trns = true;
+    }
+  }
+  std::vector<uint8_t> png = EncodePngForTest(spec);
+  ASSERT_EQ(DetectImageFormat(png), ImageFormat::kPng);
+  Result<Image> img = DecodeImage(png);
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  EXPECT_EQ(img->width, kW);
+  EXPECT_EQ(img->height, kH);
+  EXPECT_EQ(img->pixels, want);
+  Result<ImageInfo> info = ReadImageInfo(png);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->width, kW);
+  EXPECT_EQ(info->height, kH);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllTypes, PngDecode,
+    ::testing::Values(PngCase{"gray1", PNG_COLOR_TYPE_GRAY, 1, false, false},
+                      PngCase{"gray2", PNG_COLOR_TYPE_GRAY, 2, false, false},
+                      PngCase{"gray4", PNG_COLOR_TYPE_GRAY, 4, false, false},
+                      PngCase{"gray8", PNG_COLOR_TYPE_GRAY, 8, false, false},
+                      PngCase{"gray8_trns", PNG_COLOR_TYPE_GRAY, 8, false, true},
+                      PngCase{"gray16", PNG_COLOR_TYPE_GRAY, 16, false, false},
+                      PngCase{"gray_alpha8", PNG_COLOR_TYPE_GRAY_ALPHA, 8, false, false},
+                      PngCase{"gray_alpha16", PNG_COLOR_TYPE_GRAY_ALPHA, 16, false, false},
+                      PngCase{"palette1", PNG_COLOR_TYPE_PALETTE, 1, false, false},
+                      PngCase{"palette2", PNG_COLOR_TYPE_PALETTE, 2, false, false},
+                      PngCase{"palette4", PNG_COLOR_TYPE_PALETTE, 4, false, false},
+                      PngCase{"palette8", PNG_COLOR_TYPE_PALETTE, 8, false, false},
+                      PngCase{"palette8_trns", PNG_COLOR_TYPE_PALETTE, 8, false, true},
+                      PngCase{"palette4_trns", PNG_COLOR_TYPE_PALETTE, 4, false, true},
+                      PngCase{"rgb8", PNG_COLOR_TYPE_RGB, 8, false, false},
+                      PngCase{"rgb8_trns", PNG_COLOR_TYPE_RGB, 8, false, true},
+                      PngCase{"rgb16", PNG_COLOR_TYPE_RGB, 16, false, false},
+                      PngCase{"rgba8", PNG_COLOR_TYPE_RGB_ALPHA, 8, false, false},
+                      PngCase{"rgba16", PNG_COLOR_TYPE_RGB_ALPHA, 16, false, false},
+                      PngCase{"gray4_interlaced", PNG_COLOR_TYPE_GRAY, 4, true, false},
+                      PngCase{"palette8_interlaced", PNG_COLOR_TYPE_PALETTE, 8, true, true},
+                      PngCase{"rgb8_interlaced", PNG_COLOR_TYPE_RGB, 8, true, false},
+                      PngCase{"rgba16_interlaced", PNG_COLOR_TYPE_RGB_ALPHA, 16, true, false}),
+    [](const auto& p) { return std::string(p.param.name); });
+
+TEST(Png, EncodeDecodeRoundTrip) {
+  Image src = testing::PatternImage(31, 17, 4);
+  Result<std::vector<uint8_t>> png = EncodePng(src, 1);
+  ASSERT_TRUE(png.ok());
+  Result<Image> back = DecodeImage(*png);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->pixels, src.pixels);
+}
+
+// JPEG is lossy: compare with the encoded pixels by mean and max absolute error.
+void ExpectClose(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, double mean_tol,
+                 int max_tol) {
+  ASSERT_EQ(a.size(), b.size());
+  double sum = 0;
+  int worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const int d = std::abs(int{a[i]} - int{b[i]});
+    sum += d;
+    worst = std::max(worst, d);
+  }
+  EXPECT_LE(sum / a.size(), mean_tol);
+  EXPECT_LE(worst, max_tol);
+}
+
+// Smooth content so that quality-95 JPEG stays within a few levels.
+Image Smooth(uint32_t w, uint32_t h) {
+  Image img;
+  img.width = w;
+  img.height = h;
+  for (uint32_t y = 0; y < h; ++y)
+    for (uint32_t x = 0; x < w; ++x)
+      img.pixels.insert(img.pixels.end(), {static_cast<uint8_t>(40 + 3 * x), static_cast<uint8_t>(200 - 2 * y),
+                                           static_cast<uint8_t>(100 + x + y)});
+  return img;
+}
+
+struct JpegCase {
+  const char* name;
+  ChromaSubsampling ss;
+  bool progressive;
+};
+class JpegDecode : public ::testing::TestWithParam<JpegCase> {};
+
+TEST_P(JpegDecode, CloseToEncodedPixels) {
+  Image src = Smooth(40, 24);
+  JpegEncodeOptions o;
+  o.subsampling = GetParam().ss;
+  o.progressive = GetParam().progressive;
+  Result<std::vector<uint8_t>> jpg = EncodeJpeg(src.pixels, src.width, src.height, 3, o);
+  ASSERT_TRUE(jpg.ok()) << jpg.status().ToString();
+  ASSERT_EQ(DetectImageFormat(*jpg), ImageFormat::kJpeg);
+  Result<Image> img = DecodeImage(*jpg);
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  EXPECT_EQ(img->width, 40u);
+  EXPECT_EQ(img->height, 24u);
+  ExpectClose(img->pixels, src.pixels, 2.0, 12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, JpegDecode,
+                         ::testing::Values(JpegCase{"s444", ChromaSubsampling::k444, false},
+                                           JpegCase{"s422", ChromaSubsampling::k422, false},
+                                           JpegCase{"s420", ChromaSubsampling::k420, false},
+                                           JpegCase{"s420_progressive", ChromaSubsampling::k420, true},
+                                           JpegCase{"s444_progressive", ChromaSubsampling::k444, true}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+TEST(Jpeg, GrayscaleBecomesEqualRgb) {
+  std::vector<uint8_t> gray(32 * 16);
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = static_cast<uint8_t>(50 + (i % 32) * 4);
+  Result<std::vector<uint8_t>> jpg = EncodeJpeg(gray, 32, 16, 1);
+  ASSERT_TRUE(jpg.ok());
+  Result<Image> img = DecodeImage(*jpg);
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  std::vector<uint8_t> want;
+  for (uint8_t g : gray) want.insert(want.end(), {g, g, g});
+  for (size_t i = 0; i < img->pixels.size(); i += 3) {
+    ASSERT_EQ(img->pixels[i], img->pixels[i + 1]);
+    ASSERT_EQ(img->pixels[i], img->pixels[i + 2]);
+  }
+  ExpectClose(img->pixels, want, 1.0, 6);
+}
+
+TEST(Jpeg, CmykConvertedLikePillow) {
+  // Stored CMYK values are Adobe-inverted; Pillow reads them as CMYK;I and
+  // converts with R = (255-K) - C*(255-K)/255. Uniform colour, so little loss.
+  const uint8_t stored[4] = {245, 235, 225, 215};  // C=10, M=20, Y=30, K=40 after inversion
+  std::vector<uint8_t> cmyk;
+  for (int i = 0; i < 16 * 16; ++i) cmyk.insert(cmyk.end(), stored, stored + 4);
+  JpegEncodeOptions o;
+  o.subsampling = ChromaSubsampling::k444;
+  o.quality = 100;
+  Result<std::vector<uint8_t>> jpg = EncodeJpeg(cmyk, 16, 16, 4, o);
+  ASSERT_TRUE(jpg.ok()) << jpg.status().ToString();
+  Result<Image> img = DecodeImage(*jpg);
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  // Pillow gives (207, 198, 190) for CMYK (10, 20, 30, 40).
+  std::vector<uint8_t> want;
+  for (int i = 0; i < 16 * 16; ++i) want.insert(want.end(), {207, 198, 190});
+  ExpectClose(img->pixels, want, 1.0, 2);
+}
+
+// ---- bad inputs ----
+
+TEST(BadInput, ZeroBytes) {
+  Status s = DecodeImage({}).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_EQ(s.message(), "empty file (0 bytes)");
+}
+
+TEST(BadInput, TextNamedJpg) {
+  const std::string text = "this is not an image\n";
+  Status s = DecodeImage({reinterpret_cast<const uint8_t*>(text.data()), text.size()}).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("not an image"), std::string::npos);
+}
+
+TEST(BadInput, OtherFormatsNamed) {
+  const std::string gif = "GIF89a....";
+  Status s = DecodeImage({reinterpret_cast<const uint8_t*>(gif.data()), gif.size()}).status();
+  EXPECT_EQ(s.message(), "GIF images are not supported (only PNG and JPEG)");
+}
+
+TEST(BadInput, TruncatedPngAtEveryLength) {
+  Image src = testing::PatternImage(20, 20, 1);
+  std::vector<uint8_t> png = *EncodePng(src);
+  for (size_t n = 0; n < png.size(); n += 7) {
+    std::vector<uint8_t> cut(png.begin(), png.begin() + n);
+    Status s = DecodeImage(cut).status();
+    EXPECT_FALSE(s.ok()) << "accepted a PNG truncated to " << n << " of " << png.size();
+  }
+  std::vector<uint8_t> cut(png.begin(), png.begin() + png.size() / 2);
+  Status s = DecodeImage(cut).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_NE(s.message().find("truncated PNG"), std::string::npos) << s.ToString();
+}
+
+TEST(BadInput, CorruptPngDataChunk) {
+  Image src = testing::PatternImage(20, 20, 2);
+  std::vector<uint8_t> png = *EncodePng(src);
+  png[png.size() / 2] ^= 0xFF;  // inside IDAT: chunk CRC no longer matches
+  Status s = DecodeImage(png).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+}
+
+TEST(BadInput, TruncatedJpegIsAnError) {
+  Image src = Smooth(64, 64);
+  std::vector<uint8_t> jpg = *EncodeJpeg(src.pixels, 64, 64, 3);
+  for (size_t n : {size_t{2}, size_t{100}, jpg.size() / 2, jpg.size() - 2}) {
+    std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + n);
+    Status s = DecodeImage(cut).status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << "length " << n << ": " << s.ToString();
+  }
+  std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + jpg.size() / 2);
+  EXPECT_NE(DecodeImage(cut).status().message().find("corrupt JPEG"), std::string::npos);
+}
+
+TEST(BadInput, HugePngHeaderRejectedBeforeAllocation) {
+  // A valid 1x1 PNG whose IHDR claims 100000x100000 (CRC fixed up).
+  PngSpec spec;
+  spec.width = spec.height = 1;
+  spec.color_type = PNG_COLOR_TYPE_GRAY;
+  spec.samples = {7};
+  std::vector<uint8_t> png = EncodePngForTest(spec);
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) png[at + i] = static_cast<uint8_t>(v >> (24 - 8 * i));
+  };
+  put32(16, 100000);
+  put32(20, 100000);
+  put32(29, static_cast<uint32_t>(crc32(crc32(0, nullptr, 0), png.data() + 12, 17)));
+  Status s = DecodeImage(png).status();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_EQ(s.message(), "PNG of 100000x100000 pixels exceeds the limit of 67108864 pixels");
+  Result<ImageInfo> info = ReadImageInfo(png);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->width, 100000u);
+}
+
+TEST(BadInput, LimitIsAdjustable) {
+  Image src = testing::PatternImage(20, 20, 3);
+  std::vector<uint8_t> png = *EncodePng(src);
+  EXPECT_EQ(DecodeImage(png, {.max_pixels = 399}).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(DecodeImage(png, {.max_pixels = 400}).ok());
+  std::vector<uint8_t> jpg = *EncodeJpeg(src.pixels, 20, 20, 3);
+  EXPECT_EQ(DecodeImage(jpg, {.max_pixels = 399}).status().code(), StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace nl

@@ -1,0 +1,139 @@
+#include "formats/manifest.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "formats/file_util.h"
+
+namespace nl {
+
+using nlohmann::json;
+
+uint64_t SplitInfo::total_bytes() const {
+  uint64_t b = 0;
+  for (const auto& s : shards) b += s.bytes;
+  return b;
+}
+
+const SplitInfo* Manifest::FindSplit(const std::string& name) const {
+  auto it = splits.find(name);
+  return it == splits.end() ? nullptr : &it->second;
+}
+
+std::string ManifestToJson(const Manifest& m) {
+  json j;
+  j["format_version"] = m.format_version;
+  j["source"] = {{"kind", m.source_kind}, {"path", m.source_path}, {"label_kind", m.label_kind}};
+  j["classes"] = m.classes;
+  json splits = json::object();
+  for (const auto& [name, s] : m.splits) {
+    json js;
+    js["source"] = s.source;
+    js["num_samples"] = s.num_samples;
+    js["encoding"] = s.encoding;
+    js["shape"] = s.shape ? json(*s.shape) : json(nullptr);
+    json shards = json::array();
+    for (const auto& sh : s.shards) {
+      shards.push_back({{"path", sh.path},
+                        {"first_index", sh.first_index},
+                        {"count", sh.count},
+                        {"bytes", sh.bytes},
+                        {"checksum", sh.checksum}});
+    }
+    js["shards"] = shards;
+    json skipped = json::array();
+    for (const auto& f : s.skipped) skipped.push_back({{"path", f.path}, {"reason", f.reason}});
+    js["skipped"] = skipped;
+    splits[name] = js;
+  }
+  j["splits"] = splits;
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+Status CheckSplit(const std::string& name, const SplitInfo& s) {
+  uint64_t next = 0;
+  for (size_t i = 0; i < s.shards.size(); ++i) {
+    const ShardInfo& sh = s.shards[i];
+    if (sh.first_index != next) {
+      return Status::Corruption("split '" + name + "' shard " + std::to_string(i) +
+                                " starts at index " + std::to_string(sh.first_index) +
+                                ", expected " + std::to_string(next));
+    }
+    if (sh.path.empty() || sh.path[0] == '/' || sh.path.find("..") != std::string::npos) {
+      return Status::Corruption("split '" + name + "' shard " + std::to_string(i) +
+                                " has an unsafe path '" + sh.path + "'");
+    }
+    next += sh.count;
+  }
+  if (next != s.num_samples) {
+    return Status::Corruption("split '" + name + "' shards hold " + std::to_string(next) +
+                              " records but num_samples is " + std::to_string(s.num_samples));
+  }
+  if (s.encoding != "raw" && s.encoding != "png" && s.encoding != "jpeg" && s.encoding != "mixed") {
+    return Status::Corruption("split '" + name + "' has unknown encoding '" + s.encoding + "'");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Manifest> ManifestFromJson(const std::string& text, const std::string& where) {
+  Manifest m;
+  try {
+    json j = json::parse(text);
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version != kManifestFormatVersion) {
+      return Status::Corruption(where + ": manifest format_version " +
+                                std::to_string(m.format_version) + " is not supported (this build reads " +
+                                std::to_string(kManifestFormatVersion) + ")");
+    }
+    const json& src = j.at("source");
+    m.source_kind = src.at("kind").get<std::string>();
+    m.source_path = src.at("path").get<std::string>();
+    m.label_kind = src.value("label_kind", "");
+    m.classes = j.at("classes").get<std::vector<std::string>>();
+    for (const auto& [name, js] : j.at("splits").items()) {
+      SplitInfo s;
+      s.source = js.value("source", "");
+      s.num_samples = js.at("num_samples").get<uint64_t>();
+      s.encoding = js.at("encoding").get<std::string>();
+      if (!js.at("shape").is_null()) s.shape = js.at("shape").get<std::array<uint32_t, 3>>();
+      for (const auto& jsh : js.at("shards")) {
+        ShardInfo sh;
+        sh.path = jsh.at("path").get<std::string>();
+        sh.first_index = jsh.at("first_index").get<uint64_t>();
+        sh.count = jsh.at("count").get<uint64_t>();
+        sh.bytes = jsh.at("bytes").get<uint64_t>();
+        sh.checksum = jsh.at("checksum").get<std::string>();
+        s.shards.push_back(std::move(sh));
+      }
+      for (const auto& jf : js.value("skipped", json::array())) {
+        s.skipped.push_back({jf.at("path").get<std::string>(), jf.at("reason").get<std::string>()});
+      }
+      NL_RETURN_IF_ERROR(CheckSplit(name, s).WithContext(where));
+      m.splits.emplace(name, std::move(s));
+    }
+  } catch (const json::exception& e) {
+    return Status::Corruption(where + ": invalid manifest: " + e.what());
+  }
+  return m;
+}
+
+Result<Manifest> LoadManifest(const std::string& root) {
+  const std::string path = root + "/" + kManifestFileName;
+  NL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return ManifestFromJson(text, path);
+}
+
+Status SaveManifest(const std::string& root, const Manifest& m) {
+  return WriteFileAtomically(root + "/" + kManifestFileName, ManifestToJson(m));
+}
+
+}  // namespace nl

@@ -1,0 +1,64 @@
+// manifest.json: what a shard set holds (spec: formats/FORMAT.md).
+//
+//   Result<Manifest> m = LoadManifest("/data/cifar100-packed");
+//   const SplitInfo* train = m->FindSplit("train");
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace nl {
+
+inline constexpr int kManifestFormatVersion = 1;
+inline constexpr char kManifestFileName[] = "manifest.json";
+
+struct ShardInfo {
+  std::string path;          // shard directory, relative to the shard set root
+  uint64_t first_index = 0;  // global index of its first record
+  uint64_t count = 0;        // records: [first_index, first_index + count)
+  uint64_t bytes = 0;        // size of its data.mdb
+  std::string checksum;      // "crc32c:xxxxxxxx" over (key, value) in key order
+};
+
+struct SkippedFile {
+  std::string path;
+  std::string reason;
+};
+
+struct SplitInfo {
+  std::string source;  // where this split was packed from
+  uint64_t num_samples = 0;
+  std::string encoding;  // "raw", "png", "jpeg", or "mixed" (png and jpeg)
+  // [height, width, channels] when every image has the same shape.
+  std::optional<std::array<uint32_t, 3>> shape;
+  std::vector<ShardInfo> shards;
+  std::vector<SkippedFile> skipped;
+  uint64_t total_bytes() const;
+};
+
+struct Manifest {
+  int format_version = kManifestFormatVersion;
+  std::string source_kind;  // "cifar100" or "imagefolder"
+  std::string source_path;
+  std::string label_kind;   // "fine" / "coarse" (cifar100), "class_dirs" (imagefolder)
+  std::vector<std::string> classes;  // in label order
+  std::map<std::string, SplitInfo> splits;
+
+  const SplitInfo* FindSplit(const std::string& name) const;
+};
+
+std::string ManifestToJson(const Manifest& m);
+// Parses and checks consistency: version, shards contiguous from 0 and
+// summing to num_samples, relative paths without "..".
+Result<Manifest> ManifestFromJson(const std::string& json, const std::string& where);
+Result<Manifest> LoadManifest(const std::string& root);
+// Writes root/manifest.json atomically (temp file, fsync, rename).
+Status SaveManifest(const std::string& root, const Manifest& m);
+
+}  // namespace nl

@@ -1,0 +1,426 @@
+#include "formats/pack.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "formats/file_util.h"
+#include "formats/imagefolder_source.h"
+#include "formats/record.h"
+#include "formats/shard.h"
+
+namespace nl {
+
+namespace fs = std::filesystem;
+
+Result<PackEncoding> ParsePackEncoding(const std::string& s) {
+  if (s == "keep") return PackEncoding::kKeep;
+  if (s == "raw") return PackEncoding::kRaw;
+  if (s == "png") return PackEncoding::kPng;
+  return Status::InvalidArgument("unknown encoding '" + s + "' (use keep, raw or png)");
+}
+
+uint32_t DefaultThreads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+namespace {
+
+struct Slot {
+  bool ready = false;
+  Status status;
+  std::vector<uint8_t> record;
+  uint32_t width = 0, height = 0;
+  Encoding encoding = Encoding::kRaw;
+  uint32_t label = 0;
+};
+
+// Per-worker buffers, reused for every sample.
+struct Scratch {
+  SourceSample sample;
+  Image decoded;
+};
+
+Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, Scratch* sc,
+                  Slot* slot) {
+  NL_RETURN_IF_ERROR(source.Load(i, &sc->sample));
+  SourceSample& s = sc->sample;
+  const Image* img = &s.image;
+  std::span<const uint8_t> payload;
+  Encoding enc = Encoding::kRaw;
+  std::vector<uint8_t> png;
+  if (!s.decoded) {
+    // Validate by decoding once, whatever is stored.
+    Status st = DecodeImageInto(s.file_bytes, o.limits, &sc->decoded);
+    if (!st.ok()) return st.WithContext(source.Describe(i));
+    img = &sc->decoded;
+  } else if (uint64_t{img->width} * img->height > o.limits.max_pixels) {
+    return Status::ResourceExhausted(source.Describe(i) + ": image exceeds the pixel limit");
+  }
+  if (o.encoding == PackEncoding::kKeep && !s.decoded) {
+    enc = DetectImageFormat(s.file_bytes) == ImageFormat::kPng ? Encoding::kPng : Encoding::kJpeg;
+    payload = s.file_bytes;
+  } else if (o.encoding == PackEncoding::kPng) {
+    NL_ASSIGN_OR_RETURN(png, EncodePng(*img, o.png_level));
+    enc = Encoding::kPng;
+    payload = png;
+  } else {
+    enc = Encoding::kRaw;
+    payload = img->pixels;
+  }
+  RecordHeader h;
+  h.label = s.label;
+  h.encoding = enc;
+  h.width = img->width;
+  h.height = img->height;
+  EncodeRecord(h, payload, &slot->record);
+  slot->width = img->width;
+  slot->height = img->height;
+  slot->encoding = enc;
+  slot->label = s.label;
+  return Status::Ok();
+}
+
+bool Cancelled(const PackOptions& o) { return o.cancel && o.cancel->load(std::memory_order_relaxed); }
+
+std::string ShardName(const std::string& split, uint32_t k) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "/shard-%05u", k);
+  return split + buf;
+}
+
+}  // namespace
+
+Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
+                            const std::string& split, const PackOptions& o) {
+  const uint64_t n = source.size();
+  if (n == 0) return Status::InvalidArgument("split '" + split + "' has no samples");
+  uint64_t want_shards = o.shards ? o.shards : (n + 99'999) / 100'000;
+  const uint32_t num_shards = static_cast<uint32_t>(std::min<uint64_t>(want_shards, n));
+  const uint32_t threads = o.threads ? o.threads : DefaultThreads();
+  NL_RETURN_IF_ERROR(MakeDirs(root + "/" + split));
+
+  const uint64_t window = std::max<uint64_t>(256, uint64_t{threads} * 64);
+  std::vector<Slot> slots(window);
+  std::mutex mu;
+  std::condition_variable slot_ready, slot_free;
+  uint64_t written = 0;  // guarded by mu
+  bool stop = false;     // guarded by mu
+  std::atomic<uint64_t> next{0};
+
+  auto worker = [&] {
+    Scratch scratch;
+    while (true) {
+      const uint64_t i = next.fetch_add(1);
+      if (i >= n) return;
+      {
+        std::unique_lock lock(mu);
+        slot_free.wait(lock, [&] { return stop || i < written + window; });
+        if (stop) return;
+      }
+      Slot& slot = slots[i % window];
+      Status st = MakeRecord(source, i, o, &scratch, &slot);
+      {
+        std::lock_guard lock(mu);
+        slot.status = std::move(st);
+        slot.ready = true;
+      }
+      slot_ready.notify_all();
+    }
+  };
+  std::vector<std::jthread> pool;
+  auto stop_pool = [&] {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    slot_free.notify_all();
+    pool.clear();  // joins
+  };
+  for (uint32_t t = 0; t < threads; ++t) pool.emplace_back(worker);
+
+  SplitInfo info;
+  info.num_samples = 0;
+  std::unique_ptr<ShardWriter> shard;
+  uint32_t shard_k = 0;
+  uint64_t shard_end = 0;  // source index where the current shard's range ends
+  std::set<Encoding> encodings;
+  bool same_shape = true;
+  uint32_t shape_w = 0, shape_h = 0;
+  uint64_t bytes = 0;
+  PackProgress progress{split, 0, n, 0};
+
+  for (uint64_t i = 0; i < n; ++i) {
+    if (Cancelled(o)) {
+      stop_pool();
+      return Status::Aborted("pack of split '" + split + "' interrupted");
+    }
+    if (i == shard_end) {  // the next shard's range begins
+      if (shard) {
+        Result<ShardInfo> done = shard->Finish();
+        if (!done.ok()) { stop_pool(); return done.status(); }
+        info.shards.push_back(*done);
+      }
+      Result<std::unique_ptr<ShardWriter>> w =
+          ShardWriter::Create(root, ShardName(split, shard_k), info.num_samples);
+      if (!w.ok()) { stop_pool(); return w.status(); }
+      shard = std::move(*w);
+      ++shard_k;
+      shard_end = n * shard_k / num_shards;
+    }
+    Slot& slot = slots[i % window];
+    {
+      std::unique_lock lock(mu);
+      slot_ready.wait(lock, [&] { return slot.ready; });
+    }
+    if (!slot.status.ok()) {
+      if (!o.skip_bad) {
+        Status err = slot.status;
+        stop_pool();
+        return err;
+      }
+      info.skipped.push_back({source.Describe(i), slot.status.ToString()});
+    } else {
+      Status st = shard->Put(info.num_samples, slot.record);
+      if (!st.ok()) { stop_pool(); return st; }
+      encodings.insert(slot.encoding);
+      if (info.num_samples == 0) {
+        shape_w = slot.width;
+        shape_h = slot.height;
+      } else if (slot.width != shape_w || slot.height != shape_h) {
+        same_shape = false;
+      }
+      bytes += slot.record.size();
+      ++info.num_samples;
+    }
+    {
+      std::lock_guard lock(mu);
+      slot.ready = false;
+      slot.status = Status::Ok();
+      ++written;
+    }
+    slot_free.notify_all();
+    if (o.progress && ((i + 1) % 512 == 0 || i + 1 == n)) {
+      progress.done = i + 1;
+      progress.bytes = bytes;
+      o.progress(progress);
+    }
+  }
+  stop_pool();
+  NL_ASSIGN_OR_RETURN(ShardInfo last, shard->Finish());
+  info.shards.push_back(std::move(last));
+  if (info.num_samples == 0) {
+    return Status::InvalidArgument("split '" + split + "': every sample was bad (" +
+                                   std::to_string(info.skipped.size()) + " skipped)");
+  }
+  if (encodings.size() > 1) {
+    info.encoding = "mixed";
+  } else {
+    info.encoding = std::string(EncodingName(*encodings.begin()));
+  }
+  if (same_shape) info.shape = std::array<uint32_t, 3>{shape_h, shape_w, 3};
+  return info;
+}
+
+namespace {
+
+bool PidAlive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+
+// Removes temporaries "<prefix><pid>" in `dir` whose process is gone.
+void RemoveStale(const std::string& dir, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string tail = name.substr(prefix.size());
+    const auto dash = tail.find_last_of('-');
+    const std::string pid_s = dash == std::string::npos ? tail : tail.substr(dash + 1);
+    char* end = nullptr;
+    const long pid = std::strtol(pid_s.c_str(), &end, 10);
+    if (end == pid_s.c_str() || *end != '\0') continue;
+    if (!PidAlive(pid)) (void)RemoveAll(e.path().string());
+  }
+}
+
+std::string ParentOf(const std::string& path) {
+  std::string p = fs::path(path).parent_path().string();
+  return p.empty() ? "." : p;
+}
+
+std::string NameOf(const std::string& path) { return fs::path(path).filename().string(); }
+
+std::string Normalize(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+std::string Absolute(const std::string& p) {
+  std::error_code ec;
+  auto a = fs::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
+}
+
+// Moves the finished temporary `tmp` to `out`, replacing an existing `out`.
+Status CommitNewOut(TempDir* tmp, const std::string& out) {
+  const std::string pid = std::to_string(::getpid());
+  const std::string old = out + ".old-" + pid;
+  const bool replace = PathExists(out);
+  if (replace && ::rename(out.c_str(), old.c_str()) != 0) {
+    return Status::FromErrno("cannot move aside " + out, errno);
+  }
+  if (::rename(tmp->path().c_str(), out.c_str()) != 0) {
+    const int e = errno;
+    if (replace) (void)::rename(old.c_str(), out.c_str());
+    return Status::FromErrno("cannot rename " + tmp->path() + " to " + out, e);
+  }
+  tmp->Release();
+  NL_RETURN_IF_ERROR(FsyncDir(ParentOf(out)));
+  if (replace) NL_RETURN_IF_ERROR(RemoveAll(old));
+  return Status::Ok();
+}
+
+Result<TempDir> MakeTempBeside(const std::string& out) {
+  RemoveStale(ParentOf(out), NameOf(out) + ".tmp-");
+  RemoveStale(ParentOf(out), NameOf(out) + ".old-");
+  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
+  NL_RETURN_IF_ERROR(RemoveAll(tmp));
+  NL_RETURN_IF_ERROR(MakeDirs(tmp));
+  return TempDir(tmp);
+}
+
+using Clock = std::chrono::steady_clock;
+
+void Tally(const std::string& split, const SplitInfo& s, PackSummary* sum) {
+  sum->splits_written.push_back(split);
+  sum->samples += s.num_samples;
+  sum->skipped += s.skipped.size();
+  sum->bytes += s.total_bytes();
+}
+
+}  // namespace
+
+Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_in,
+                                 CifarLabel label, const PackOptions& o_in) {
+  const auto t0 = Clock::now();
+  const std::string out = Normalize(out_in);
+  if (PathExists(out) && !o_in.force) {
+    return Status::AlreadyExists(out + " already exists (use --force to replace it)");
+  }
+  PackOptions o = o_in;
+  if (o.encoding == PackEncoding::kKeep) o.encoding = PackEncoding::kRaw;
+  NL_ASSIGN_OR_RETURN(CifarFiles files, ReadCifar100(src));
+  const auto& classes = label == CifarLabel::kFine ? files.fine_names : files.coarse_names;
+  NL_ASSIGN_OR_RETURN(TempDir tmp, MakeTempBeside(out));
+
+  PackSummary sum;
+  Manifest& m = sum.manifest;
+  m.source_kind = "cifar100";
+  m.source_path = Absolute(src);
+  m.label_kind = label == CifarLabel::kFine ? "fine" : "coarse";
+  m.classes = classes;
+  const std::pair<const char*, const std::vector<uint8_t>*> splits[] = {{"train", &files.train},
+                                                                       {"test", &files.test}};
+  for (const auto& [name, bin] : splits) {
+    NL_ASSIGN_OR_RETURN(auto source, CifarSplitSource::Create(bin, src + "/" + name + ".bin",
+                                                              &classes, label));
+    NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), name, o));
+    info.source = m.source_path + "/" + name + ".bin";
+    Tally(name, info, &sum);
+    m.splits[name] = std::move(info);
+  }
+  NL_RETURN_IF_ERROR(SaveManifest(tmp.path(), m));
+  NL_RETURN_IF_ERROR(CommitNewOut(&tmp, out));
+  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return sum;
+}
+
+Result<PackSummary> PackImageFolder(const std::string& src, const std::string& out_in,
+                                    const std::string& split, const PackOptions& o) {
+  const auto t0 = Clock::now();
+  const std::string out = Normalize(out_in);
+  if (split.empty() || split.find('/') != std::string::npos || split[0] == '.') {
+    return Status::InvalidArgument("invalid split name '" + split + "'");
+  }
+  NL_ASSIGN_OR_RETURN(auto source, ImageFolderSource::Scan(src));
+  PackSummary sum;
+
+  Result<Manifest> existing = Status::NotFound("");
+  if (PathExists(out)) {
+    existing = LoadManifest(out);
+    if (!existing.ok() && !o.force) {
+      return Status::AlreadyExists(out + " already exists and is not a shard set (" +
+                                   existing.status().message() + "); use --force to replace it");
+    }
+  }
+
+  if (!existing.ok()) {  // a new OUT (or --force over something else)
+    NL_ASSIGN_OR_RETURN(TempDir tmp, MakeTempBeside(out));
+    Manifest& m = sum.manifest;
+    m.source_kind = "imagefolder";
+    m.source_path = Absolute(src);
+    m.label_kind = "class_dirs";
+    m.classes = source->classes();
+    NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), split, o));
+    info.source = m.source_path;
+    Tally(split, info, &sum);
+    m.splits[split] = std::move(info);
+    NL_RETURN_IF_ERROR(SaveManifest(tmp.path(), m));
+    NL_RETURN_IF_ERROR(CommitNewOut(&tmp, out));
+    sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return sum;
+  }
+
+  // Add (or, with --force, replace) one split of an existing shard set.
+  Manifest m = std::move(*existing);
+  if (m.source_kind != "imagefolder") {
+    return Status::InvalidArgument(out + " holds a " + m.source_kind +
+                                   " shard set; an ImageFolder split cannot be added to it");
+  }
+  if (m.classes != source->classes()) {
+    return Status::InvalidArgument(
+        "classes of " + src + " (" + std::to_string(source->classes().size()) +
+        ") differ from those of " + out + " (" + std::to_string(m.classes.size()) +
+        "): a split must use the same class directories");
+  }
+  if (m.FindSplit(split) && !o.force) {
+    return Status::AlreadyExists("split '" + split + "' already exists in " + out +
+                                 " (use --force to replace it)");
+  }
+  RemoveStale(out, ".tmp-");
+  RemoveStale(out, ".old-");
+  const std::string pid = std::to_string(::getpid());
+  TempDir tmp(out + "/.tmp-" + split + "-" + pid);
+  NL_RETURN_IF_ERROR(RemoveAll(tmp.path()));
+  NL_RETURN_IF_ERROR(MakeDirs(tmp.path()));
+  NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), split, o));
+  info.source = Absolute(src);
+
+  const std::string final_dir = out + "/" + split;
+  TempDir old(out + "/.old-" + split + "-" + pid);
+  if (PathExists(final_dir) && ::rename(final_dir.c_str(), old.path().c_str()) != 0) {
+    return Status::FromErrno("cannot move aside " + final_dir, errno);
+  }
+  const std::string built = tmp.path() + "/" + split;
+  if (::rename(built.c_str(), final_dir.c_str()) != 0) {
+    return Status::FromErrno("cannot rename " + built + " to " + final_dir, errno);
+  }
+  Tally(split, info, &sum);
+  m.splits[split] = std::move(info);
+  NL_RETURN_IF_ERROR(SaveManifest(out, m));  // the commit point
+  sum.manifest = std::move(m);
+  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return sum;
+}
+
+}  // namespace nl

@@ -1,0 +1,81 @@
+// Packing: a SampleSource into shards, and whole shard sets on disk, atomically.
+//
+//   PackOptions o;  o.encoding = PackEncoding::kRaw;  o.threads = 2;
+//   Result<PackSummary> s = PackCifar100("/data/cifar-100-binary", "/data/c100", o);
+//
+// Decoding (validation) runs on `threads` workers while one writer appends
+// records in index order, so the same input always gives byte-identical
+// shards. The output appears only when complete: a shard set is built in a
+// temporary directory beside OUT and renamed into place; a split added to an
+// existing OUT is built inside it and becomes visible when the manifest is
+// replaced (atomically). Interrupted packs leave only temporaries, which the
+// next pack into the same OUT removes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "formats/cifar_source.h"
+#include "formats/image.h"
+#include "formats/manifest.h"
+#include "formats/source.h"
+#include "formats/status.h"
+
+namespace nl {
+
+enum class PackEncoding { kKeep, kRaw, kPng };
+Result<PackEncoding> ParsePackEncoding(const std::string& s);
+
+struct PackProgress {
+  std::string split;
+  uint64_t done = 0;   // samples handled (written or skipped)
+  uint64_t total = 0;
+  uint64_t bytes = 0;  // record bytes written
+};
+
+struct PackOptions {
+  PackEncoding encoding = PackEncoding::kKeep;
+  uint32_t shards = 0;   // per split; 0: one per 100,000 samples
+  uint32_t threads = 0;  // 0: all cores this process may use
+  bool skip_bad = false;
+  bool force = false;
+  int png_level = 6;
+  DecodeLimits limits;
+  // Called from the writing thread after each batch of samples. May be empty.
+  std::function<void(const PackProgress&)> progress;
+  // Set from another thread (e.g. a signal handler) to stop; the pack then
+  // fails with Aborted and leaves nothing behind.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct PackSummary {
+  Manifest manifest;
+  std::vector<std::string> splits_written;
+  uint64_t samples = 0;
+  uint64_t skipped = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Packs `source` into root/<split>/shard-NNNNN and returns the split's
+// description. Without skip_bad, the first bad sample (in index order) stops
+// the pack with an error naming it.
+Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
+                            const std::string& split, const PackOptions& options);
+
+// Both splits (train, test) of CIFAR-100 into a new OUT. PackEncoding::kKeep
+// means raw here (the source is not image files).
+Result<PackSummary> PackCifar100(const std::string& src, const std::string& out,
+                                 CifarLabel label, const PackOptions& options);
+
+// One split of an ImageFolder into OUT: a new OUT, or a split added to an
+// existing one (its classes must match). A split that already exists is
+// refused unless options.force, which replaces that split.
+Result<PackSummary> PackImageFolder(const std::string& src, const std::string& out,
+                                    const std::string& split, const PackOptions& options);
+
+uint32_t DefaultThreads();
+
+}  // namespace nl

@@ -1,0 +1,221 @@
+#include "formats/shard.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+#include "formats/crc32c.h"
+#include "formats/file_util.h"
+
+namespace nl {
+namespace {
+
+// Writers reserve address space generously (nothing is allocated until
+// written); readers map only the file's size.
+constexpr size_t kWriterMapSize = size_t{1} << 40;
+constexpr uint64_t kTxnBytes = 64ull << 20;
+
+std::string HexChecksum(uint32_t crc) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "crc32c:%08x", crc);
+  return buf;
+}
+
+uint32_t ExtendChecksum(uint32_t crc, uint64_t index, std::span<const uint8_t> value) {
+  unsigned char key[8];
+  EncodeKey(index, key);
+  crc = Crc32c(crc, key, 8);
+  return Crc32c(crc, value.data(), value.size());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root,
+                                                         const std::string& rel_path,
+                                                         uint64_t first_index) {
+  const std::string dir = root + "/" + rel_path;
+  if (::mkdir(dir.c_str(), 0755) != 0) return Status::FromErrno("cannot create shard " + dir, errno);
+  std::unique_ptr<ShardWriter> w(new ShardWriter());
+  w->root_ = root;
+  w->rel_path_ = rel_path;
+  w->first_index_ = first_index;
+  MDB_env* env = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_create(&env), "mdb_env_create"));
+  w->env_.reset(env);
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, kWriterMapSize), "mdb_env_set_mapsize"));
+  // One writer, no readers while packing: no lock file needed.
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_NOLOCK | MDB_NOSYNC, 0644),
+                                "cannot open shard " + dir));
+  NL_RETURN_IF_ERROR(w->BeginTxn());
+  return w;
+}
+
+Status ShardWriter::BeginTxn() {
+  MDB_txn* t = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, 0, &t), "mdb_txn_begin " + rel_path_));
+  txn_ = LmdbTxn(t);
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &dbi_), "mdb_dbi_open " + rel_path_));
+  txn_bytes_ = 0;
+  return Status::Ok();
+}
+
+Status ShardWriter::Put(uint64_t index, std::span<const uint8_t> value) {
+  if (!env_) return Status::InvalidArgument("ShardWriter::Put after Finish");
+  if (index != first_index_ + count_) {
+    return Status::InvalidArgument("shard " + rel_path_ + ": index " + std::to_string(index) +
+                                   " written out of order (expected " +
+                                   std::to_string(first_index_ + count_) + ")");
+  }
+  unsigned char key[8];
+  EncodeKey(index, key);
+  MDB_val k{8, key};
+  MDB_val v{value.size(), const_cast<uint8_t*>(value.data())};
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND),
+                                "cannot write index " + std::to_string(index) + " to shard " +
+                                    root_ + "/" + rel_path_));
+  crc_ = ExtendChecksum(crc_, index, value);
+  ++count_;
+  txn_bytes_ += value.size() + 8;
+  if (txn_bytes_ >= kTxnBytes) {
+    NL_RETURN_IF_ERROR(LmdbStatus(txn_.Commit(), "cannot commit shard " + root_ + "/" + rel_path_));
+    NL_RETURN_IF_ERROR(BeginTxn());
+  }
+  return Status::Ok();
+}
+
+Result<ShardInfo> ShardWriter::Finish() {
+  if (!env_) return Status::InvalidArgument("ShardWriter::Finish called twice");
+  const std::string dir = root_ + "/" + rel_path_;
+  NL_RETURN_IF_ERROR(LmdbStatus(txn_.Commit(), "cannot commit shard " + dir));
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_sync(env_.get(), 1), "cannot sync shard " + dir));
+  env_.reset();
+  ShardInfo info;
+  info.path = rel_path_;
+  info.first_index = first_index_;
+  info.count = count_;
+  NL_ASSIGN_OR_RETURN(info.bytes, FileSize(dir + "/data.mdb"));
+  info.checksum = HexChecksum(crc_);
+  return info;
+}
+
+Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root, const ShardInfo& info) {
+  const std::string dir = root + "/" + info.path;
+  const std::string data = dir + "/data.mdb";
+  NL_ASSIGN_OR_RETURN(uint64_t size, FileSize(data));
+  std::unique_ptr<ShardReader> r(new ShardReader());
+  r->info_ = info;
+  MDB_env* env = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_create(&env), "mdb_env_create"));
+  r->env_.reset(env);
+  // Map just the file (LMDB rounds up to the pages in use), not the writer's
+  // reservation, so many shards fit in the address space.
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, std::max<uint64_t>(size, 1 << 20)),
+                                "mdb_env_set_mapsize"));
+  NL_RETURN_IF_ERROR(
+      LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444),
+                 "cannot open shard " + dir));
+  MDB_txn* t = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), "shard " + dir));
+  LmdbTxn txn(t);
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &r->dbi_), "shard " + dir));
+  return r;
+}
+
+Status ShardReader::ForEach(
+    const std::function<Status(uint64_t, std::span<const uint8_t>)>& fn) const {
+  const std::string where = "shard " + info_.path;
+  MDB_txn* t = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &t), where));
+  LmdbTxn txn(t);
+  MDB_cursor* c = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_cursor_open(t, dbi_, &c), where));
+  std::unique_ptr<MDB_cursor, void (*)(MDB_cursor*)> cursor(c, mdb_cursor_close);
+  MDB_val k, v;
+  int rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+  while (rc == MDB_SUCCESS) {
+    if (k.mv_size != 8) {
+      return Status::Corruption(where + ": key of " + std::to_string(k.mv_size) +
+                                " bytes (expected 8)");
+    }
+    const uint64_t index = DecodeKey(static_cast<const unsigned char*>(k.mv_data));
+    NL_RETURN_IF_ERROR(fn(index, {static_cast<const uint8_t*>(v.mv_data), v.mv_size}));
+    rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+  }
+  if (rc != MDB_NOTFOUND) return LmdbStatus(rc, where);
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<SplitReader>> SplitReader::Open(const std::string& root, const Manifest& m,
+                                                       const std::string& split) {
+  const SplitInfo* s = m.FindSplit(split);
+  if (!s) {
+    std::string have;
+    for (const auto& [name, _] : m.splits) have += (have.empty() ? "" : ", ") + name;
+    return Status::NotFound("shard set " + root + " has no split '" + split + "' (it has: " +
+                            (have.empty() ? "none" : have) + ")");
+  }
+  std::unique_ptr<SplitReader> r(new SplitReader());
+  r->root_ = root;
+  r->split_ = split;
+  r->num_samples_ = s->num_samples;
+  r->num_classes_ = static_cast<uint32_t>(m.classes.size());
+  for (const ShardInfo& info : s->shards) {
+    NL_ASSIGN_OR_RETURN(auto shard, ShardReader::Open(root, info));
+    r->shards_.push_back(std::move(shard));
+  }
+  return r;
+}
+
+size_t SplitReader::ShardOf(uint64_t index) const {
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), index,
+                             [](uint64_t i, const auto& sh) { return i < sh->info().first_index; });
+  return static_cast<size_t>(it - shards_.begin()) - 1;
+}
+
+std::string SplitReader::Where(uint64_t index) const {
+  std::string w = "split '" + split_ + "'";
+  if (index < num_samples_) w += ", shard " + shards_[ShardOf(index)]->info().path;
+  return w + ", index " + std::to_string(index);
+}
+
+SplitReader::ReadTxn::ReadTxn(const SplitReader* r) : reader_(r), txns_(r->shards_.size()) {}
+
+void SplitReader::ReadTxn::Reset() {
+  for (auto& t : txns_) t.Abort();
+}
+
+Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
+  if (index >= reader_->num_samples_) {
+    return Status::InvalidArgument("index " + std::to_string(index) + " out of range: split '" +
+                                   reader_->split_ + "' has " +
+                                   std::to_string(reader_->num_samples_) + " samples");
+  }
+  const size_t si = reader_->ShardOf(index);
+  const ShardReader& shard = *reader_->shards_[si];
+  if (!txns_[si].get()) {
+    MDB_txn* t = nullptr;
+    NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(shard.env(), nullptr, MDB_RDONLY, &t),
+                                  reader_->Where(index)));
+    txns_[si] = LmdbTxn(t);
+  }
+  unsigned char key[8];
+  EncodeKey(index, key);
+  MDB_val k{8, key}, v;
+  int rc = mdb_get(txns_[si].get(), shard.dbi(), &k, &v);
+  if (rc == MDB_NOTFOUND) return Status::Corruption(reader_->Where(index) + ": record missing");
+  NL_RETURN_IF_ERROR(LmdbStatus(rc, reader_->Where(index)));
+  return std::span<const uint8_t>(static_cast<const uint8_t*>(v.mv_data), v.mv_size);
+}
+
+Result<RecordView> SplitReader::ReadTxn::Read(uint64_t index, const RecordLimits& limits) {
+  NL_ASSIGN_OR_RETURN(auto bytes, Get(index));
+  RecordLimits l = limits;
+  if (l.num_classes == 0) l.num_classes = reader_->num_classes_;
+  Result<RecordView> r = DecodeRecord(bytes, l);
+  if (!r.ok()) return r.status().WithContext(reader_->Where(index));
+  return r;
+}
+
+}  // namespace nl

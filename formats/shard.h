@@ -1,0 +1,112 @@
+// Shards: one LMDB environment each (a directory with data.mdb), keys the
+// global sample index as 8-byte big-endian, values records (record.h).
+//
+// Writing:
+//   NL_ASSIGN_OR_RETURN(auto w, ShardWriter::Create(root, "train/shard-00000", 0));
+//   NL_RETURN_IF_ERROR(w->Put(0, record_bytes));  // indices consecutive from first_index
+//   NL_ASSIGN_OR_RETURN(ShardInfo info, w->Finish());
+//
+// Reading a split (open once per process, then one ReadTxn per reading thread):
+//   NL_ASSIGN_OR_RETURN(auto split, SplitReader::Open(root, manifest, "train"));
+//   auto txn = split->BeginRead();
+//   Result<RecordView> rec = txn->Read(17);   // view valid while txn lives
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/lmdb_env.h"
+#include "formats/manifest.h"
+#include "formats/record.h"
+#include "formats/status.h"
+
+namespace nl {
+
+class ShardWriter {
+ public:
+  // Creates root/rel_path/ (must not exist) and an empty environment in it.
+  static Result<std::unique_ptr<ShardWriter>> Create(const std::string& root,
+                                                     const std::string& rel_path,
+                                                     uint64_t first_index);
+  // Appends one record; `index` must be first_index + records so far.
+  Status Put(uint64_t index, std::span<const uint8_t> value);
+  // Commits, closes the environment, and describes the shard. Call once.
+  Result<ShardInfo> Finish();
+
+ private:
+  ShardWriter() = default;
+  Status BeginTxn();
+
+  std::string root_, rel_path_;
+  LmdbEnv env_;
+  LmdbTxn txn_;
+  MDB_dbi dbi_ = 0;
+  uint64_t first_index_ = 0, count_ = 0;
+  uint64_t txn_bytes_ = 0;
+  uint32_t crc_ = 0;
+};
+
+// One shard, opened read-only (MDB_RDONLY | MDB_NOLOCK: shards are immutable).
+class ShardReader {
+ public:
+  static Result<std::unique_ptr<ShardReader>> Open(const std::string& root, const ShardInfo& info);
+
+  const ShardInfo& info() const { return info_; }
+  MDB_env* env() const { return env_.get(); }
+  MDB_dbi dbi() const { return dbi_; }
+
+  // Visits every (index, value) in key order with a cursor.
+  Status ForEach(const std::function<Status(uint64_t, std::span<const uint8_t>)>& fn) const;
+
+ private:
+  ShardReader() = default;
+  ShardInfo info_;
+  LmdbEnv env_;
+  MDB_dbi dbi_ = 0;
+};
+
+// All shards of one split. Thread-safe to share; each thread takes its own ReadTxn.
+class SplitReader {
+ public:
+  static Result<std::unique_ptr<SplitReader>> Open(const std::string& root, const Manifest& m,
+                                                   const std::string& split);
+  const std::string& split() const { return split_; }
+  uint64_t size() const { return num_samples_; }
+  uint32_t num_classes() const { return num_classes_; }
+  const std::vector<std::unique_ptr<ShardReader>>& shards() const { return shards_; }
+
+  class ReadTxn {
+   public:
+    // The record's bytes, pointing into the map (valid while this txn lives).
+    // Errors name the split, shard and index.
+    Result<std::span<const uint8_t>> Get(uint64_t index);
+    // Get + DecodeRecord (bounds, label < classes, CRCs).
+    Result<RecordView> Read(uint64_t index, const RecordLimits& limits = {});
+    // Ends every open LMDB transaction; the next Get starts fresh ones.
+    void Reset();
+
+   private:
+    friend class SplitReader;
+    explicit ReadTxn(const SplitReader* r);
+    const SplitReader* reader_;
+    std::vector<LmdbTxn> txns_;  // one per shard, begun lazily
+  };
+  ReadTxn BeginRead() const { return ReadTxn(this); }
+
+  // Which shard holds `index` (index < size()).
+  size_t ShardOf(uint64_t index) const;
+  std::string Where(uint64_t index) const;  // "split 'train', shard train/shard-00000, index 17"
+
+ private:
+  SplitReader() = default;
+  std::string root_, split_;
+  uint64_t num_samples_ = 0;
+  uint32_t num_classes_ = 0;
+  std::vector<std::unique_ptr<ShardReader>> shards_;
+};
+
+}  // namespace nl

@@ -1,0 +1,47 @@
+// Helpers for the formats tests: scratch directories and images the tests make.
+#pragma once
+
+#include <png.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/image.h"
+
+namespace nl::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A deterministic RGB image with varied content.
+Image PatternImage(uint32_t w, uint32_t h, uint32_t seed);
+
+struct PngSpec {
+  uint32_t width = 0, height = 0;
+  int color_type = PNG_COLOR_TYPE_RGB;  // libpng's PNG_COLOR_TYPE_*
+  int bit_depth = 8;
+  bool interlaced = false;
+  // One value per sample (channel), row-major; values < 2^bit_depth.
+  std::vector<uint16_t> samples;
+  std::vector<png_color> palette;       // for PNG_COLOR_TYPE_PALETTE
+  std::vector<uint8_t> palette_alpha;   // tRNS for a palette
+  bool gray_or_rgb_trns = false;        // add a tRNS colour key to gray/RGB
+};
+std::vector<uint8_t> EncodePngForTest(const PngSpec& spec);
+
+void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes);
+void WriteText(const std::string& path, const std::string& text);
+
+}  // namespace nl::testing

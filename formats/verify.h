@@ -1,0 +1,43 @@
+// Checking a shard set against its manifest, and reading samples back.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "formats/image.h"
+#include "formats/manifest.h"
+#include "formats/status.h"
+
+namespace nl {
+
+struct VerifyProblem {
+  std::string where;  // "train/shard-00000 index 17", or the manifest's path
+  std::string what;
+};
+
+struct VerifyReport {
+  uint64_t records_checked = 0;
+  uint64_t images_decoded = 0;
+  std::vector<VerifyProblem> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+struct VerifyOptions {
+  bool quick = false;      // manifest, counts, keys, sizes, checksums; no decoding
+  uint32_t threads = 0;    // for decoding; 0: all allowed cores
+  size_t max_problems = 1000;
+};
+
+// Every problem found is reported (up to max_problems), not just the first.
+// Only an unreadable manifest makes the whole check fail early.
+VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& options);
+
+// Reads sample `index` of `split` and returns its pixels (decoded if stored as
+// PNG/JPEG), with its label.
+struct DecodedSample {
+  Image image;
+  uint32_t label = 0;
+};
+Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index);
+
+}  // namespace nl

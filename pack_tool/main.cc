@@ -1,0 +1,262 @@
+// pack_tool: turns a dataset on disk into a verified LMDB shard set.
+// A thin command line over formats/ (see README.md, "pack_tool").
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "formats/cifar_source.h"
+#include "formats/file_util.h"
+#include "formats/manifest.h"
+#include "formats/pack.h"
+#include "formats/verify.h"
+
+namespace {
+
+std::atomic<bool> g_cancel{false};
+void OnSignal(int) { g_cancel.store(true); }
+
+int Fail(const nl::Status& s) {
+  std::fprintf(stderr, "pack_tool: error: %s\n", s.ToString().c_str());
+  return s.code() == nl::StatusCode::kAborted ? 130 : 1;
+}
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+// A bar on a terminal, a line every few seconds otherwise.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(uint64_t kill_after) : tty_(::isatty(2)), kill_after_(kill_after) {}
+  void operator()(const nl::PackProgress& p) {
+    if (kill_after_ && p.done >= kill_after_) std::raise(SIGKILL);  // test hook: die mid-pack
+    const auto now = Clock::now();
+    if (p.split != split_) {
+      split_ = p.split;
+      start_ = now;
+      last_ = now - std::chrono::seconds(10);
+    }
+    const bool done = p.done == p.total;
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (!done && since < (tty_ ? 0.1 : 5.0)) return;
+    last_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double rate = secs > 0 ? p.done / secs : 0;
+    if (tty_) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * p.done / std::max<uint64_t>(p.total, 1));
+      std::fprintf(stderr, "\r[%s] [%s%s] %llu/%llu  %s  %.0f img/s%s", p.split.c_str(),
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                   static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
+                   HumanBytes(p.bytes).c_str(), rate, done ? "\n" : "");
+    } else {
+      std::fprintf(stderr, "[%s] %llu/%llu samples, %s, %.0f img/s\n", p.split.c_str(),
+                   static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
+                   HumanBytes(p.bytes).c_str(), rate);
+    }
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool tty_;
+  uint64_t kill_after_;
+  std::string split_;
+  Clock::time_point start_, last_;
+};
+
+void PrintSummary(const std::string& out, const nl::PackSummary& s) {
+  std::printf("packed %s: %llu samples", out.c_str(), static_cast<unsigned long long>(s.samples));
+  for (const auto& name : s.splits_written) {
+    const nl::SplitInfo& sp = s.manifest.splits.at(name);
+    std::printf(" [%s: %llu in %zu shard%s]", name.c_str(),
+                static_cast<unsigned long long>(sp.num_samples), sp.shards.size(),
+                sp.shards.size() == 1 ? "" : "s");
+  }
+  std::printf(", %llu skipped, %s, %.2f s, %.0f images/s\n",
+              static_cast<unsigned long long>(s.skipped), HumanBytes(static_cast<double>(s.bytes)).c_str(),
+              s.seconds, s.seconds > 0 ? (s.samples + s.skipped) / s.seconds : 0.0);
+  for (const auto& name : s.splits_written) {
+    for (const auto& f : s.manifest.splits.at(name).skipped) {
+      std::printf("  skipped %s: %s\n", f.path.c_str(), f.reason.c_str());
+    }
+  }
+}
+
+int Info(const std::string& root, bool as_json) {
+  nl::Result<nl::Manifest> m = nl::LoadManifest(root);
+  if (!m.ok()) return Fail(m.status());
+  if (as_json) {
+    auto j = nlohmann::json::parse(nl::ManifestToJson(*m));
+    j["root"] = root;
+    for (auto& [name, s] : j["splits"].items()) {
+      s["total_bytes"] = m->splits.at(name).total_bytes();
+      s["num_shards"] = m->splits.at(name).shards.size();
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("shard set   %s\n", root.c_str());
+  std::printf("source      %s %s (labels: %s)\n", m->source_kind.c_str(), m->source_path.c_str(),
+              m->label_kind.c_str());
+  std::printf("classes     %zu:", m->classes.size());
+  for (size_t i = 0; i < m->classes.size() && i < 8; ++i) std::printf(" %s", m->classes[i].c_str());
+  std::printf("%s\n", m->classes.size() > 8 ? " ..." : "");
+  for (const auto& [name, s] : m->splits) {
+    std::string shape = "varies";
+    if (s.shape) {
+      shape = std::to_string((*s.shape)[0]) + "x" + std::to_string((*s.shape)[1]) + "x" +
+              std::to_string((*s.shape)[2]);
+    }
+    std::printf("split %-6s %llu samples, encoding %s, shape %s, %zu shard%s, %s, %zu skipped at pack\n",
+                name.c_str(), static_cast<unsigned long long>(s.num_samples), s.encoding.c_str(),
+                shape.c_str(), s.shards.size(), s.shards.size() == 1 ? "" : "s",
+                HumanBytes(static_cast<double>(s.total_bytes())).c_str(), s.skipped.size());
+    for (const auto& sh : s.shards) {
+      std::printf("  %s  indices %llu..%llu  %s  %s\n", sh.path.c_str(),
+                  static_cast<unsigned long long>(sh.first_index),
+                  static_cast<unsigned long long>(sh.first_index + sh.count - 1),
+                  HumanBytes(static_cast<double>(sh.bytes)).c_str(), sh.checksum.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pack_tool: convert an ImageFolder tree or CIFAR-100 into an LMDB shard set"};
+  app.require_subcommand(1);
+
+  nl::PackOptions opts;
+  std::string src, out, label = "fine", split = "train";
+  std::string cifar_encoding = "raw", imf_encoding = "keep";
+  uint64_t kill_after = 0;
+  uint64_t max_mp = 64;
+
+  auto add_pack_opts = [&](CLI::App* c, std::string* encoding, const std::string& enc_help) {
+    c->add_option("--encoding", *encoding, enc_help)->capture_default_str();
+    c->add_option("--shards", opts.shards, "Shards per split (default: one per 100,000 samples)");
+    c->add_option("--threads", opts.threads, "Decode threads (default: all allowed cores)");
+    c->add_flag("--force", opts.force, "Replace an existing OUT (or split)");
+    c->add_option("--max-megapixels", max_mp, "Largest image accepted, in megapixels")
+        ->capture_default_str();
+    c->add_option("--test-kill-after", kill_after, "Testing: SIGKILL self after N samples")
+        ->group("");
+  };
+
+  auto* cifar = app.add_subcommand("cifar100", "Pack CIFAR-100 (binary version): train and test splits");
+  cifar->add_option("SRC", src, "cifar-100-binary directory or cifar-100-binary.tar.gz")->required();
+  cifar->add_option("OUT", out, "Output shard set directory")->required();
+  cifar->add_option("--label", label, "Which label to store")
+      ->check(CLI::IsMember({"fine", "coarse"}))
+      ->capture_default_str();
+  add_pack_opts(cifar, &cifar_encoding, "raw (decoded RGB) or png");
+
+  auto* imf = app.add_subcommand("imagefolder", "Pack one split of an ImageFolder tree");
+  imf->add_option("SRC", src, "Root with one directory per class")->required();
+  imf->add_option("OUT", out, "Output shard set directory (new, or existing to add a split)")->required();
+  imf->add_option("--split", split, "Split name")->capture_default_str();
+  imf->add_flag("--skip-bad", opts.skip_bad, "Skip bad images (listed in the manifest) instead of failing");
+  add_pack_opts(imf, &imf_encoding, "keep (original file bytes), raw (decoded RGB) or png");
+
+  bool quick = false, as_json = false;
+  auto* verify = app.add_subcommand("verify", "Check a shard set: exit 0 when intact, 1 otherwise");
+  verify->add_option("OUT", out, "Shard set directory")->required();
+  verify->add_flag("--quick", quick, "Manifest, counts and checksums only; no image decoding");
+  verify->add_option("--threads", opts.threads, "Decode threads");
+
+  auto* info = app.add_subcommand("info", "Describe a shard set");
+  info->add_option("OUT", out, "Shard set directory")->required();
+  info->add_flag("--json", as_json, "Print JSON");
+
+  uint64_t index = 0;
+  std::string png_out;
+  auto* exp = app.add_subcommand("export", "Write one stored image, decoded, as PNG");
+  exp->add_option("OUT", out, "Shard set directory")->required();
+  exp->add_option("--split", split, "Split")->required();
+  exp->add_option("--index", index, "Sample index")->required();
+  exp->add_option("--out", png_out, "PNG file to write")->required();
+
+  nl::FakeCifarOptions fake;
+  std::string dir;
+  auto* fk = app.add_subcommand("fake-cifar100", "Write a synthetic CIFAR-100 in the official binary format");
+  fk->add_option("DIR", dir, "Directory to write (train.bin, test.bin, label name files)")->required();
+  fk->add_option("--train", fake.train, "Training images")->capture_default_str();
+  fk->add_option("--test", fake.test, "Test images")->capture_default_str();
+  fk->add_option("--seed", fake.seed, "Random seed")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  opts.limits.max_pixels = max_mp << 20;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  opts.cancel = &g_cancel;
+  ProgressPrinter printer(kill_after);
+  opts.progress = [&printer](const nl::PackProgress& p) { printer(p); };
+
+  if (cifar->parsed() || imf->parsed()) {
+    nl::Result<nl::PackEncoding> enc =
+        nl::ParsePackEncoding(cifar->parsed() ? cifar_encoding : imf_encoding);
+    if (!enc.ok()) return Fail(enc.status());
+    opts.encoding = *enc;
+    nl::Result<nl::PackSummary> r =
+        cifar->parsed()
+            ? (opts.encoding == nl::PackEncoding::kKeep
+                   ? nl::Result<nl::PackSummary>(nl::Status::InvalidArgument(
+                         "--encoding keep needs image files; CIFAR-100 takes raw or png"))
+                   : nl::PackCifar100(src, out, label == "fine" ? nl::CifarLabel::kFine
+                                                               : nl::CifarLabel::kCoarse,
+                                      opts))
+            : nl::PackImageFolder(src, out, split, opts);
+    if (!r.ok()) return Fail(r.status());
+    PrintSummary(out, *r);
+    return 0;
+  }
+  if (verify->parsed()) {
+    nl::VerifyOptions vo;
+    vo.quick = quick;
+    vo.threads = opts.threads;
+    const auto t0 = std::chrono::steady_clock::now();
+    nl::VerifyReport rep = nl::VerifyShardSet(out, vo);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& p : rep.problems) std::printf("%s: %s\n", p.where.c_str(), p.what.c_str());
+    std::fprintf(stderr, "verify %s: %llu records checked, %llu images decoded, %zu problem%s, %.2f s\n",
+                 out.c_str(), static_cast<unsigned long long>(rep.records_checked),
+                 static_cast<unsigned long long>(rep.images_decoded), rep.problems.size(),
+                 rep.problems.size() == 1 ? "" : "s", secs);
+    return rep.ok() ? 0 : 1;
+  }
+  if (info->parsed()) return Info(out, as_json);
+  if (exp->parsed()) {
+    nl::Result<nl::DecodedSample> s = nl::ReadSample(out, split, index);
+    if (!s.ok()) return Fail(s.status());
+    nl::Result<std::vector<uint8_t>> png = nl::EncodePng(s->image);
+    if (!png.ok()) return Fail(png.status());
+    nl::Status st = nl::WriteFile(png_out, png->data(), png->size());
+    if (!st.ok()) return Fail(st);
+    std::printf("wrote %s: %ux%u, label %u\n", png_out.c_str(), s->image.width, s->image.height,
+                s->label);
+    return 0;
+  }
+  if (fk->parsed()) {
+    nl::Status st = nl::WriteFakeCifar100(dir, fake);
+    if (!st.ok()) return Fail(st);
+    std::printf("wrote fake CIFAR-100 to %s: %llu train, %llu test images\n", dir.c_str(),
+                static_cast<unsigned long long>(fake.train), static_cast<unsigned long long>(fake.test));
+    return 0;
+  }
+  return 2;
+}

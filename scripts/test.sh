@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs dependencies, configures, builds and runs the whole test suite.
+#   scripts/test.sh              release build with tests (build/)
+#   scripts/test.sh --sanitize   the same under ASan + UBSan (build-asan/)
+# Exits non-zero on any build or test failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+if [ "${1:-}" = "--sanitize" ]; then
+  build_dir=build-asan
+  cmake_args=(-DCMAKE_BUILD_TYPE=Debug -DNL_SANITIZE=ON)
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fi
+
+scripts/install-deps.sh
+jobs=$(nproc)
+cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" >/dev/null
+cmake --build "$build_dir" -j "$jobs"
+cd "$build_dir"
+ctest -j "$jobs" --output-on-failure --timeout 600
