@@ -159,7 +159,8 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
   bool same_shape = true;
   uint32_t shape_w = 0, shape_h = 0;
   uint64_t bytes = 0;
-  PackProgress progress{split, 0, n, 0};
+  PackProgress progress{split, 0, n, 0, 0};
+  const auto start = std::chrono::steady_clock::now();
 
   for (uint64_t i = 0; i < n; ++i) {
     if (Cancelled(o)) {
@@ -214,6 +215,7 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
     if (o.progress && ((i + 1) % 512 == 0 || i + 1 == n)) {
       progress.done = i + 1;
       progress.bytes = bytes;
+      progress.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       o.progress(progress);
     }
   }

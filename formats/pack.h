@@ -33,6 +33,7 @@ struct PackProgress {
   uint64_t done = 0;   // samples handled (written or skipped)
   uint64_t total = 0;
   uint64_t bytes = 0;  // record bytes written
+  double seconds = 0;  // since this split's pack began
 };
 
 struct PackOptions {

@@ -47,15 +47,13 @@ class ProgressPrinter {
     const auto now = Clock::now();
     if (p.split != split_) {
       split_ = p.split;
-      start_ = now;
       last_ = now - std::chrono::seconds(10);
     }
     const bool done = p.done == p.total;
     const double since = std::chrono::duration<double>(now - last_).count();
     if (!done && since < (tty_ ? 0.1 : 5.0)) return;
     last_ = now;
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    const double rate = secs > 0 ? p.done / secs : 0;
+    const double rate = p.seconds > 0 ? p.done / p.seconds : 0;
     if (tty_) {
       const int width = 30;
       const int filled = static_cast<int>(width * p.done / std::max<uint64_t>(p.total, 1));
@@ -75,7 +73,7 @@ class ProgressPrinter {
   bool tty_;
   uint64_t kill_after_;
   std::string split_;
-  Clock::time_point start_, last_;
+  Clock::time_point last_;
 };
 
 void PrintSummary(const std::string& out, const nl::PackSummary& s) {
