@@ -87,21 +87,25 @@ Status CheckBinSize(const std::string& name, size_t size) {
 
 Result<CifarFiles> ReadCifar100(const std::string& src) {
   CifarFiles f;
-  std::vector<uint8_t> fine, coarse;
-  std::vector<uint8_t>* files[4] = {&f.train, &f.test, &fine, &coarse};
+  std::vector<uint8_t> train, test, fine, coarse;
+  std::vector<uint8_t>* files[4] = {&train, &test, &fine, &coarse};
   bool found[4] = {false, false, false, false};
   if (EndsWith(src, ".tar.gz") || EndsWith(src, ".tgz") || EndsWith(src, ".tar")) {
-    for (auto* v : files) v->clear();
     NL_RETURN_IF_ERROR(ReadFromArchive(src, files));
     // An empty member would be reported below as empty, a missing one as missing.
     for (int i = 0; i < 4; ++i) found[i] = !files[i]->empty();
+    f.train = FileBytes::Own(std::move(train));
+    f.test = FileBytes::Own(std::move(test));
   } else {
+    // The .bin files are mapped, not copied: packing reads each record once.
     for (int i = 0; i < 4; ++i) {
       const std::string p = src + "/" + kNames[i];
       if (!PathExists(p)) continue;
-      NL_RETURN_IF_ERROR(ReadFileInto(p, files[i]));
       found[i] = true;
+      if (i >= 2) NL_RETURN_IF_ERROR(ReadFileInto(p, files[i]));
     }
+    if (found[0]) { NL_ASSIGN_OR_RETURN(f.train, FileBytes::Map(src + "/train.bin")); }
+    if (found[1]) { NL_ASSIGN_OR_RETURN(f.test, FileBytes::Map(src + "/test.bin")); }
   }
   for (int i = 0; i < 4; ++i) {
     if (!found[i]) {
@@ -126,9 +130,9 @@ Result<CifarFiles> ReadCifar100(const std::string& src) {
 }
 
 Result<std::unique_ptr<CifarSplitSource>> CifarSplitSource::Create(
-    const std::vector<uint8_t>* bin, std::string file_name, const std::vector<std::string>* classes,
+    std::span<const uint8_t> bin, std::string file_name, const std::vector<std::string>* classes,
     CifarLabel label) {
-  NL_RETURN_IF_ERROR(CheckBinSize(file_name, bin->size()));
+  NL_RETURN_IF_ERROR(CheckBinSize(file_name, bin.size()));
   std::unique_ptr<CifarSplitSource> s(new CifarSplitSource());
   s->bin_ = bin;
   s->file_name_ = std::move(file_name);
@@ -136,7 +140,7 @@ Result<std::unique_ptr<CifarSplitSource>> CifarSplitSource::Create(
   s->label_ = label;
   const size_t off = label == CifarLabel::kCoarse ? 0 : 1;
   for (uint64_t i = 0; i < s->size(); ++i) {
-    const uint8_t l = (*bin)[i * kCifarRecordSize + off];
+    const uint8_t l = bin[i * kCifarRecordSize + off];
     if (l >= classes->size()) {
       return Status::Corruption(s->Describe(i) + ": " + (off ? "fine" : "coarse") + " label " +
                                 std::to_string(l) + " out of range (" +
@@ -152,7 +156,7 @@ std::string CifarSplitSource::Describe(uint64_t i) const {
 }
 
 Status CifarSplitSource::Load(uint64_t i, SourceSample* out) const {
-  const uint8_t* rec = bin_->data() + i * kCifarRecordSize;
+  const uint8_t* rec = bin_.data() + i * kCifarRecordSize;
   out->label = label_ == CifarLabel::kCoarse ? rec[0] : rec[1];
   out->decoded = true;
   out->image.width = out->image.height = kCifarSide;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/file_util.h"
 #include "formats/source.h"
 
 namespace nl {
@@ -20,7 +21,7 @@ inline constexpr uint32_t kCifarSide = 32;
 enum class CifarLabel { kFine, kCoarse };
 
 struct CifarFiles {
-  std::vector<uint8_t> train, test;                 // the .bin files
+  FileBytes train, test;  // the .bin files (mapped, or decompressed from the archive)
   std::vector<std::string> fine_names, coarse_names;  // one per label, in order
 };
 
@@ -32,17 +33,17 @@ Result<CifarFiles> ReadCifar100(const std::string& src);
 class CifarSplitSource : public SampleSource {
  public:
   // `bin` must outlive this source. Validates every label.
-  static Result<std::unique_ptr<CifarSplitSource>> Create(const std::vector<uint8_t>* bin,
+  static Result<std::unique_ptr<CifarSplitSource>> Create(std::span<const uint8_t> bin,
                                                           std::string file_name,
                                                           const std::vector<std::string>* classes,
                                                           CifarLabel label);
-  uint64_t size() const override { return bin_->size() / kCifarRecordSize; }
+  uint64_t size() const override { return bin_.size() / kCifarRecordSize; }
   const std::vector<std::string>& classes() const override { return *classes_; }
   std::string Describe(uint64_t i) const override;
   Status Load(uint64_t i, SourceSample* out) const override;
 
  private:
-  const std::vector<uint8_t>* bin_ = nullptr;
+  std::span<const uint8_t> bin_;
   std::string file_name_;
   const std::vector<std::string>* classes_ = nullptr;
   CifarLabel label_ = CifarLabel::kFine;

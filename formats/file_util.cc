@@ -1,6 +1,7 @@
 #include "formats/file_util.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -142,6 +143,51 @@ Result<uint64_t> FileSize(const std::string& path) {
 bool PathExists(const std::string& path) {
   struct stat st{};
   return ::lstat(path.c_str(), &st) == 0;
+}
+
+Result<FileBytes> FileBytes::Map(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno("cannot stat " + path, e);
+  }
+  FileBytes b;
+  if (st.st_size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    const int e = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);
+    b.map_ = static_cast<const uint8_t*>(p);
+    b.map_size_ = static_cast<size_t>(st.st_size);
+  } else {
+    ::close(fd);
+  }
+  return b;
+}
+
+FileBytes FileBytes::Own(std::vector<uint8_t> bytes) {
+  FileBytes b;
+  b.owned_ = std::move(bytes);
+  return b;
+}
+
+FileBytes& FileBytes::operator=(FileBytes&& o) noexcept {
+  if (this != &o) {
+    if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    map_ = o.map_;
+    map_size_ = o.map_size_;
+    owned_ = std::move(o.owned_);
+    o.map_ = nullptr;
+    o.map_size_ = 0;
+  }
+  return *this;
+}
+
+FileBytes::~FileBytes() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
 TempDir& TempDir::operator=(TempDir&& o) noexcept {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,29 @@ Status MakeDirs(const std::string& dir);
 Status RemoveAll(const std::string& path);
 Result<uint64_t> FileSize(const std::string& path);
 bool PathExists(const std::string& path);
+
+// A file's bytes: mapped read-only (no copy) when read from a file, or owned
+// (e.g. decompressed from an archive). Move-only.
+class FileBytes {
+ public:
+  FileBytes() = default;
+  // mmap(PROT_READ, MAP_PRIVATE | MAP_POPULATE). An empty file gives an empty buffer.
+  static Result<FileBytes> Map(const std::string& path);
+  static FileBytes Own(std::vector<uint8_t> bytes);
+  FileBytes(FileBytes&& o) noexcept { *this = std::move(o); }
+  FileBytes& operator=(FileBytes&& o) noexcept;
+  FileBytes(const FileBytes&) = delete;
+  FileBytes& operator=(const FileBytes&) = delete;
+  ~FileBytes();
+  const uint8_t* data() const { return map_ ? map_ : owned_.data(); }
+  size_t size() const { return map_ ? map_size_ : owned_.size(); }
+  std::span<const uint8_t> span() const { return {data(), size()}; }
+
+ private:
+  const uint8_t* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::vector<uint8_t> owned_;
+};
 
 // Owns a directory that is removed on destruction unless Release()d.
 class TempDir {

@@ -32,9 +32,12 @@ Status ListDir(const std::string& dir, DirEntries* out) {
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
-    struct stat st{};
-    const std::string full = dir + "/" + name;
-    const bool is_dir = ::stat(full.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    bool is_dir = e->d_type == DT_DIR;
+    if (e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) {  // follow links, as is_dir() does
+      struct stat st{};
+      const std::string full = dir + "/" + name;
+      is_dir = ::stat(full.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    }
     (is_dir ? out->dirs : out->files).push_back(name);
     errno = 0;
   }

@@ -111,32 +111,41 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
   const uint32_t threads = o.threads ? o.threads : DefaultThreads();
   NL_RETURN_IF_ERROR(MakeDirs(root + "/" + split));
 
-  const uint64_t window = std::max<uint64_t>(256, uint64_t{threads} * 64);
+  // Workers take blocks of kBlock consecutive samples into a window of slots;
+  // the writer consumes slots in index order. Hand-offs are per block, so
+  // threads wake once per kBlock samples, not once per sample.
+  constexpr uint64_t kBlock = 16;
+  const uint64_t window = kBlock * std::max<uint64_t>(16, uint64_t{threads} * 4);
   std::vector<Slot> slots(window);
   std::mutex mu;
-  std::condition_variable slot_ready, slot_free;
+  std::condition_variable block_ready, block_free;
   uint64_t written = 0;  // guarded by mu
   bool stop = false;     // guarded by mu
-  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> next_block{0};
 
   auto worker = [&] {
     Scratch scratch;
+    std::vector<Status> results(kBlock);
     while (true) {
-      const uint64_t i = next.fetch_add(1);
-      if (i >= n) return;
+      const uint64_t first = next_block.fetch_add(1) * kBlock;
+      if (first >= n) return;
+      const uint64_t end = std::min(n, first + kBlock);
       {
         std::unique_lock lock(mu);
-        slot_free.wait(lock, [&] { return stop || i < written + window; });
+        block_free.wait(lock, [&] { return stop || end <= written + window; });
         if (stop) return;
       }
-      Slot& slot = slots[i % window];
-      Status st = MakeRecord(source, i, o, &scratch, &slot);
+      for (uint64_t i = first; i < end; ++i) {
+        results[i - first] = MakeRecord(source, i, o, &scratch, &slots[i % window]);
+      }
       {
         std::lock_guard lock(mu);
-        slot.status = std::move(st);
-        slot.ready = true;
+        for (uint64_t i = first; i < end; ++i) {
+          slots[i % window].status = std::move(results[i - first]);
+          slots[i % window].ready = true;
+        }
       }
-      slot_ready.notify_all();
+      block_ready.notify_all();
     }
   };
   std::vector<std::jthread> pool;
@@ -145,7 +154,7 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
       std::lock_guard lock(mu);
       stop = true;
     }
-    slot_free.notify_all();
+    block_free.notify_all();
     pool.clear();  // joins
   };
   for (uint32_t t = 0; t < threads; ++t) pool.emplace_back(worker);
@@ -183,7 +192,7 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
     Slot& slot = slots[i % window];
     {
       std::unique_lock lock(mu);
-      slot_ready.wait(lock, [&] { return slot.ready; });
+      block_ready.wait(lock, [&] { return slot.ready; });
     }
     if (!slot.status.ok()) {
       if (!o.skip_bad) {
@@ -211,7 +220,7 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
       slot.status = Status::Ok();
       ++written;
     }
-    slot_free.notify_all();
+    if ((i + 1) % kBlock == 0) block_free.notify_all();
     if (o.progress && ((i + 1) % 512 == 0 || i + 1 == n)) {
       progress.done = i + 1;
       progress.bytes = bytes;
@@ -331,8 +340,8 @@ Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_
   m.source_path = Absolute(src);
   m.label_kind = label == CifarLabel::kFine ? "fine" : "coarse";
   m.classes = classes;
-  const std::pair<const char*, const std::vector<uint8_t>*> splits[] = {{"train", &files.train},
-                                                                       {"test", &files.test}};
+  const std::pair<const char*, std::span<const uint8_t>> splits[] = {{"train", files.train.span()},
+                                                                    {"test", files.test.span()}};
   for (const auto& [name, bin] : splits) {
     NL_ASSIGN_OR_RETURN(auto source, CifarSplitSource::Create(bin, src + "/" + name + ".bin",
                                                               &classes, label));

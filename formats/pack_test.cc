@@ -67,7 +67,7 @@ TEST(PackCifar, PacksVerifiesAndExportsExactPixels) {
   EXPECT_EQ(rep.records_checked, 340u);
 
   Result<CifarFiles> f = ReadCifar100(d / "src");
-  auto src = CifarSplitSource::Create(&f->train, "train.bin", &f->fine_names, CifarLabel::kFine);
+  auto src = CifarSplitSource::Create(f->train.span(), "train.bin", &f->fine_names, CifarLabel::kFine);
   for (uint64_t i : {0u, 101u, 299u}) {
     SourceSample want;
     ASSERT_TRUE((*src)->Load(i, &want).ok());

@@ -15,7 +15,9 @@ namespace {
 // Writers reserve address space generously (nothing is allocated until
 // written); readers map only the file's size.
 constexpr size_t kWriterMapSize = size_t{1} << 40;
-constexpr uint64_t kTxnBytes = 64ull << 20;
+// Small transactions let LMDB recycle its dirty pages instead of allocating
+// (and faulting in) fresh ones for every record.
+constexpr uint64_t kTxnBytes = 4ull << 20;
 
 std::string HexChecksum(uint32_t crc) {
   char buf[32];
