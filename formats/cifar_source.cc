@@ -21,7 +21,8 @@ std::string BaseName(const std::string& p) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::vector<std::string> ParseNames(const std::vector<uint8_t>& bytes) {
@@ -59,7 +60,8 @@ Status ReadFromArchive(const std::string& path, std::vector<uint8_t>* files[4]) 
     if (archive_entry_size_is_set(e)) out.reserve(static_cast<size_t>(archive_entry_size(e)));
     char buf[1 << 16];
     la_ssize_t n;
-    while ((n = archive_read_data(a.get(), buf, sizeof buf)) > 0) out.insert(out.end(), buf, buf + n);
+    while ((n = archive_read_data(a.get(), buf, sizeof buf)) > 0)
+      out.insert(out.end(), buf, buf + n);
     if (n < 0) {
       return Status::Corruption("archive " + path + ", member " + archive_entry_pathname(e) + ": " +
                                 archive_error_string(a.get()));
@@ -75,10 +77,11 @@ Status CheckBinSize(const std::string& name, size_t size) {
   if (size == 0) return Status::Corruption(name + " is empty");
   if (size % kCifarRecordSize != 0) {
     const size_t full = size / kCifarRecordSize;
-    return Status::Corruption(name + " is " + std::to_string(size) +
-                              " bytes, not a multiple of the 3074-byte record size: the record at byte offset " +
-                              std::to_string(full * kCifarRecordSize) + " (record " + std::to_string(full) +
-                              ") has only " + std::to_string(size - full * kCifarRecordSize) + " bytes");
+    return Status::Corruption(
+        name + " is " + std::to_string(size) +
+        " bytes, not a multiple of the 3074-byte record size: the record at byte offset " +
+        std::to_string(full * kCifarRecordSize) + " (record " + std::to_string(full) +
+        ") has only " + std::to_string(size - full * kCifarRecordSize) + " bytes");
   }
   return Status::Ok();
 }
@@ -104,8 +107,12 @@ Result<CifarFiles> ReadCifar100(const std::string& src) {
       found[i] = true;
       if (i >= 2) NL_RETURN_IF_ERROR(ReadFileInto(p, files[i]));
     }
-    if (found[0]) { NL_ASSIGN_OR_RETURN(f.train, FileBytes::Map(src + "/train.bin")); }
-    if (found[1]) { NL_ASSIGN_OR_RETURN(f.test, FileBytes::Map(src + "/test.bin")); }
+    if (found[0]) {
+      NL_ASSIGN_OR_RETURN(f.train, FileBytes::Map(src + "/train.bin"));
+    }
+    if (found[1]) {
+      NL_ASSIGN_OR_RETURN(f.test, FileBytes::Map(src + "/test.bin"));
+    }
   }
   for (int i = 0; i < 4; ++i) {
     if (!found[i]) {
@@ -217,7 +224,8 @@ Status WriteFakeBin(const std::string& path, uint64_t n, std::mt19937_64& rng) {
 }  // namespace
 
 Status WriteFakeCifar100(const std::string& dir, const FakeCifarOptions& o) {
-  if (o.train == 0 || o.test == 0) return Status::InvalidArgument("fake CIFAR-100 needs --train and --test > 0");
+  if (o.train == 0 || o.test == 0)
+    return Status::InvalidArgument("fake CIFAR-100 needs --train and --test > 0");
   NL_RETURN_IF_ERROR(MakeDirs(dir));
   std::mt19937_64 rng(o.seed);
   NL_RETURN_IF_ERROR(WriteFakeBin(dir + "/train.bin", o.train, rng));

@@ -20,7 +20,8 @@ TEST(Cifar, FakeDatasetReadsBack) {
   EXPECT_EQ(f->test.size(), 50 * kCifarRecordSize);
   EXPECT_EQ(f->fine_names.size(), 100u);
   EXPECT_EQ(f->coarse_names[19], "superclass_19");
-  auto src = CifarSplitSource::Create(f->train.span(), "train.bin", &f->fine_names, CifarLabel::kFine);
+  auto src =
+      CifarSplitSource::Create(f->train.span(), "train.bin", &f->fine_names, CifarLabel::kFine);
   ASSERT_TRUE(src.ok());
   EXPECT_EQ((*src)->size(), 250u);
   SourceSample s;
@@ -33,7 +34,8 @@ TEST(Cifar, FakeDatasetReadsBack) {
   EXPECT_EQ(s.image.pixels[3 * p + 0], rec[2 + p]);
   EXPECT_EQ(s.image.pixels[3 * p + 1], rec[2 + 1024 + p]);
   EXPECT_EQ(s.image.pixels[3 * p + 2], rec[2 + 2048 + p]);
-  auto coarse = CifarSplitSource::Create(f->train.span(), "train.bin", &f->coarse_names, CifarLabel::kCoarse);
+  auto coarse =
+      CifarSplitSource::Create(f->train.span(), "train.bin", &f->coarse_names, CifarLabel::kCoarse);
   ASSERT_TRUE(coarse.ok());
   ASSERT_TRUE((*coarse)->Load(123, &s).ok());
   EXPECT_EQ(s.label, 23u / 5);
@@ -54,9 +56,10 @@ TEST(Cifar, WrongSizeNamesTheOffset) {
   testing::WriteBytes(dir / "train.bin", bin);
   Status s = ReadCifar100(dir.path()).status();
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
-  EXPECT_EQ(s.message(), dir.path() +
-                             "/train.bin is 9223 bytes, not a multiple of the 3074-byte record size: "
-                             "the record at byte offset 9222 (record 3) has only 1 bytes");
+  EXPECT_EQ(s.message(),
+            dir.path() +
+                "/train.bin is 9223 bytes, not a multiple of the 3074-byte record size: "
+                "the record at byte offset 9222 (record 3) has only 1 bytes");
 }
 
 TEST(Cifar, MissingFileAndBadLabel) {
@@ -71,7 +74,8 @@ TEST(Cifar, MissingFileAndBadLabel) {
   bin[kCifarRecordSize + 1] = 100;  // fine label of record 1
   std::vector<std::string> names(100, "n");
   Status bad = CifarSplitSource::Create(bin, "train.bin", &names, CifarLabel::kFine).status();
-  EXPECT_EQ(bad.message(), "train.bin record 1 (byte offset 3074): fine label 100 out of range (100 classes)");
+  EXPECT_EQ(bad.message(),
+            "train.bin record 1 (byte offset 3074): fine label 100 out of range (100 classes)");
 }
 
 TEST(Cifar, ReadsTheTarballWithoutUnpacking) {

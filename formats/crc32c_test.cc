@@ -23,7 +23,8 @@ TEST(Crc32c, HardwareAndTableAgreeAndExtend) {
     EXPECT_EQ(Crc32c(0, data.data(), n), Crc32cPortable(0, data.data(), n)) << n;
   }
   const uint32_t whole = Crc32c(0, data.data(), data.size());
-  const uint32_t split = Crc32c(Crc32c(0, data.data(), 4001), data.data() + 4001, data.size() - 4001);
+  const uint32_t split =
+      Crc32c(Crc32c(0, data.data(), 4001), data.data() + 4001, data.size() - 4001);
   EXPECT_EQ(whole, split);
 }
 

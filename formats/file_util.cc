@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
@@ -135,20 +135,20 @@ Status RemoveAll(const std::string& path) {
 }
 
 Result<uint64_t> FileSize(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
   return static_cast<uint64_t>(st.st_size);
 }
 
 bool PathExists(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
 }
 
 Result<FileBytes> FileBytes::Map(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
@@ -156,7 +156,8 @@ Result<FileBytes> FileBytes::Map(const std::string& path) {
   }
   FileBytes b;
   if (st.st_size > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
+                     MAP_PRIVATE | MAP_POPULATE, fd, 0);
     const int e = errno;
     ::close(fd);
     if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);

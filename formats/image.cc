@@ -7,28 +7,38 @@ namespace nl {
 
 std::string_view ImageFormatName(ImageFormat f) {
   switch (f) {
-    case ImageFormat::kPng: return "PNG";
-    case ImageFormat::kJpeg: return "JPEG";
-    case ImageFormat::kGif: return "GIF";
-    case ImageFormat::kBmp: return "BMP";
-    case ImageFormat::kWebp: return "WebP";
-    case ImageFormat::kTiff: return "TIFF";
-    case ImageFormat::kPnm: return "PNM";
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kGif:
+      return "GIF";
+    case ImageFormat::kBmp:
+      return "BMP";
+    case ImageFormat::kWebp:
+      return "WebP";
+    case ImageFormat::kTiff:
+      return "TIFF";
+    case ImageFormat::kPnm:
+      return "PNM";
+    case ImageFormat::kUnknown:
+      break;
   }
   return "unknown";
 }
 
 ImageFormat DetectImageFormat(std::span<const uint8_t> b) {
   auto starts = [&](std::string_view magic, size_t at = 0) {
-    return b.size() >= at + magic.size() && std::memcmp(b.data() + at, magic.data(), magic.size()) == 0;
+    return b.size() >= at + magic.size() &&
+           std::memcmp(b.data() + at, magic.data(), magic.size()) == 0;
   };
   if (starts("\x89PNG\r\n\x1a\n")) return ImageFormat::kPng;
   if (starts("\xFF\xD8")) return ImageFormat::kJpeg;  // SOI
   if (starts("GIF87a") || starts("GIF89a")) return ImageFormat::kGif;
   if (starts("BM")) return ImageFormat::kBmp;
   if (starts("RIFF") && starts("WEBP", 8)) return ImageFormat::kWebp;
-  if (starts(std::string_view("II*\0", 4)) || starts(std::string_view("MM\0*", 4))) return ImageFormat::kTiff;
+  if (starts(std::string_view("II*\0", 4)) || starts(std::string_view("MM\0*", 4)))
+    return ImageFormat::kTiff;
   if (b.size() >= 2 && b[0] == 'P' && b[1] >= '1' && b[1] <= '6') return ImageFormat::kPnm;
   return ImageFormat::kUnknown;
 }
@@ -46,17 +56,23 @@ Status NotDecodable(std::span<const uint8_t> bytes, ImageFormat f) {
 
 Result<ImageInfo> ReadImageInfo(std::span<const uint8_t> bytes) {
   switch (ImageFormat f = DetectImageFormat(bytes)) {
-    case ImageFormat::kPng: return ReadPngInfo(bytes);
-    case ImageFormat::kJpeg: return ReadJpegInfo(bytes);
-    default: return NotDecodable(bytes, f);
+    case ImageFormat::kPng:
+      return ReadPngInfo(bytes);
+    case ImageFormat::kJpeg:
+      return ReadJpegInfo(bytes);
+    default:
+      return NotDecodable(bytes, f);
   }
 }
 
 Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out) {
   switch (ImageFormat f = DetectImageFormat(bytes)) {
-    case ImageFormat::kPng: return DecodePngInto(bytes, limits, out);
-    case ImageFormat::kJpeg: return DecodeJpegInto(bytes, limits, out);
-    default: return NotDecodable(bytes, f);
+    case ImageFormat::kPng:
+      return DecodePngInto(bytes, limits, out);
+    case ImageFormat::kJpeg:
+      return DecodeJpegInto(bytes, limits, out);
+    default:
+      return NotDecodable(bytes, f);
   }
 }
 

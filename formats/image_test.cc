@@ -3,7 +3,6 @@
 #include "formats/image.h"
 
 #include <gtest/gtest.h>
-
 #include <zlib.h>
 
 #include <cmath>
@@ -22,11 +21,21 @@ constexpr uint32_t kW = 13, kH = 9;  // odd sizes exercise packing and interlace
 std::vector<uint8_t> Fill(PngSpec* s) {
   int ch = 0;
   switch (s->color_type) {
-    case PNG_COLOR_TYPE_GRAY: ch = 1; break;
-    case PNG_COLOR_TYPE_GRAY_ALPHA: ch = 2; break;
-    case PNG_COLOR_TYPE_RGB: ch = 3; break;
-    case PNG_COLOR_TYPE_RGB_ALPHA: ch = 4; break;
-    case PNG_COLOR_TYPE_PALETTE: ch = 1; break;
+    case PNG_COLOR_TYPE_GRAY:
+      ch = 1;
+      break;
+    case PNG_COLOR_TYPE_GRAY_ALPHA:
+      ch = 2;
+      break;
+    case PNG_COLOR_TYPE_RGB:
+      ch = 3;
+      break;
+    case PNG_COLOR_TYPE_RGB_ALPHA:
+      ch = 4;
+      break;
+    case PNG_COLOR_TYPE_PALETTE:
+      ch = 1;
+      break;
   }
   const uint32_t maxv = (1u << s->bit_depth) - 1;
   s->width = kW;
@@ -46,14 +55,16 @@ std::vector<uint8_t> Fill(PngSpec* s) {
     for (int c = 0; c < ch; ++c) {
       seed = seed * 1664525u + 1013904223u;
       v[c] = static_cast<uint16_t>((seed >> 8) % (maxv + 1));
-      if (s->color_type == PNG_COLOR_TYPE_PALETTE) v[c] = static_cast<uint16_t>(v[c] % s->palette.size());
+      if (s->color_type == PNG_COLOR_TYPE_PALETTE)
+        v[c] = static_cast<uint16_t>(v[c] % s->palette.size());
       s->samples.push_back(v[c]);
     }
     auto to8 = [&](uint16_t x) -> uint8_t {
       if (s->bit_depth == 16) {
         // Pillow: 16-bit gray (mode I) clips to 255; others keep the high byte.
-        return s->color_type == PNG_COLOR_TYPE_GRAY ? static_cast<uint8_t>(std::min<uint16_t>(x, 255))
-                                                    : static_cast<uint8_t>(x >> 8);
+        return s->color_type == PNG_COLOR_TYPE_GRAY
+                   ? static_cast<uint8_t>(std::min<uint16_t>(x, 255))
+                   : static_cast<uint8_t>(x >> 8);
       }
       return static_cast<uint8_t>(x * 255 / maxv);
     };
@@ -89,7 +100,8 @@ TEST_P(PngDecode, MatchesEncodedPixelsExactly) {
   std::vector<uint8_t> want = Fill(&spec);
   if (c.trns) {
     if (c.color_type == PNG_COLOR_TYPE_PALETTE) {
-      for (size_t i = 0; i < spec.palette.size(); ++i) spec.palette_alpha.push_back(static_cast<uint8_t>(i * 40));
+      for (size_t i = 0; i < spec.palette.size(); ++i)
+        spec.palette_alpha.push_back(static_cast<uint8_t>(i * 40));
     } else {
       spec.gray_or_rgb_trns = true;
     }
@@ -165,8 +177,9 @@ Image Smooth(uint32_t w, uint32_t h) {
   img.height = h;
   for (uint32_t y = 0; y < h; ++y)
     for (uint32_t x = 0; x < w; ++x)
-      img.pixels.insert(img.pixels.end(), {static_cast<uint8_t>(40 + 3 * x), static_cast<uint8_t>(200 - 2 * y),
-                                           static_cast<uint8_t>(100 + x + y)});
+      img.pixels.insert(img.pixels.end(),
+                        {static_cast<uint8_t>(40 + 3 * x), static_cast<uint8_t>(200 - 2 * y),
+                         static_cast<uint8_t>(100 + x + y)});
   return img;
 }
 
@@ -192,13 +205,14 @@ TEST_P(JpegDecode, CloseToEncodedPixels) {
   ExpectClose(img->pixels, src.pixels, 2.0, 12);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, JpegDecode,
-                         ::testing::Values(JpegCase{"s444", ChromaSubsampling::k444, false},
-                                           JpegCase{"s422", ChromaSubsampling::k422, false},
-                                           JpegCase{"s420", ChromaSubsampling::k420, false},
-                                           JpegCase{"s420_progressive", ChromaSubsampling::k420, true},
-                                           JpegCase{"s444_progressive", ChromaSubsampling::k444, true}),
-                         [](const auto& p) { return std::string(p.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, JpegDecode,
+    ::testing::Values(JpegCase{"s444", ChromaSubsampling::k444, false},
+                      JpegCase{"s422", ChromaSubsampling::k422, false},
+                      JpegCase{"s420", ChromaSubsampling::k420, false},
+                      JpegCase{"s420_progressive", ChromaSubsampling::k420, true},
+                      JpegCase{"s444_progressive", ChromaSubsampling::k444, true}),
+    [](const auto& p) { return std::string(p.param.name); });
 
 TEST(Jpeg, GrayscaleBecomesEqualRgb) {
   std::vector<uint8_t> gray(32 * 16);

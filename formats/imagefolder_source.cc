@@ -34,7 +34,7 @@ Status ListDir(const std::string& dir, DirEntries* out) {
     if (name == "." || name == "..") continue;
     bool is_dir = e->d_type == DT_DIR;
     if (e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) {  // follow links, as is_dir() does
-      struct stat st{};
+      struct stat st {};
       const std::string full = dir + "/" + name;
       is_dir = ::stat(full.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
     }
@@ -46,7 +46,7 @@ Status ListDir(const std::string& dir, DirEntries* out) {
 }
 
 Result<DirId> IdOf(const std::string& dir) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno("cannot stat " + dir, errno);
   return DirId{st.st_dev, st.st_ino};
 }
@@ -73,7 +73,7 @@ Status Walk(const std::string& dir, std::vector<DirId>* ancestors,
 }  // namespace
 
 bool HasImageExtension(const std::string& name) {
-  static const char* kExt[] = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+  static const char* kExt[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
                                ".pgm", ".tif",  ".tiff", ".webp"};
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(),

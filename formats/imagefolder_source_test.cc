@@ -17,7 +17,7 @@ TEST(ImageFolder, TorchvisionOrderAndLabels) {
     ASSERT_TRUE(MakeDirs(d / c).ok());
   }
   Touch(d / "zebra/1.png");
-  Touch(d / "Apple/b.JPG");     // extension match is case-insensitive
+  Touch(d / "Apple/b.JPG");  // extension match is case-insensitive
   Touch(d / "Apple/a.jpeg");
   Touch(d / "Apple/notes.txt");  // not an image extension: ignored
   Touch(d / "cat/z.png");
@@ -31,7 +31,7 @@ TEST(ImageFolder, TorchvisionOrderAndLabels) {
   EXPECT_EQ((*src)->classes(), (std::vector<std::string>{"Apple", "cat", "zebra"}));
   // sorted(os.walk(class_dir)): directories by path, files by name within each.
   std::vector<std::string> want = {
-      "Apple/a.jpeg", "Apple/b.JPG", "cat/y.tiff", "cat/z.png", "cat/a_dir/m.bmp",
+      "Apple/a.jpeg",  "Apple/b.JPG",           "cat/y.tiff", "cat/z.png", "cat/a_dir/m.bmp",
       "cat/sub/a.png", "cat/sub/deeper/0.webp", "zebra/1.png"};
   std::vector<uint32_t> labels = {0, 0, 1, 1, 1, 1, 1, 2};
   ASSERT_EQ((*src)->size(), want.size());
@@ -74,10 +74,12 @@ TEST(ImageFolder, EmptyClassAndNoClassesAreErrors) {
 }
 
 TEST(ImageFolder, ExtensionFilter) {
-  for (const char* yes : {"a.jpg", "a.JPEG", "b.png", "c.ppm", "d.bmp", "e.pgm", "f.tif", "g.TIFF", "h.webp"}) {
+  for (const char* yes :
+       {"a.jpg", "a.JPEG", "b.png", "c.ppm", "d.bmp", "e.pgm", "f.tif", "g.TIFF", "h.webp"}) {
     EXPECT_TRUE(HasImageExtension(yes)) << yes;
   }
-  for (const char* no : {"a.gif", "b.txt", "png", "c.png.bak", "d.jp"}) EXPECT_FALSE(HasImageExtension(no)) << no;
+  for (const char* no : {"a.gif", "b.txt", "png", "c.png.bak", "d.jp"})
+    EXPECT_FALSE(HasImageExtension(no)) << no;
 }
 
 }  // namespace

@@ -83,7 +83,8 @@ Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits
     rc = tjDecompress2(h, bytes.data(), bytes.size(), cmyk.data(), w, 0, ht, TJPF_CMYK, flags);
     if (rc == 0) InvertedCmykToRgb(cmyk.data(), npx, out->pixels.data());
   } else {
-    rc = tjDecompress2(h, bytes.data(), bytes.size(), out->pixels.data(), w, 0, ht, TJPF_RGB, flags);
+    rc =
+        tjDecompress2(h, bytes.data(), bytes.size(), out->pixels.data(), w, 0, ht, TJPF_RGB, flags);
   }
   if (rc != 0) return Status::Corruption("corrupt JPEG: " + TjError(h));
   return Status::Ok();
@@ -94,20 +95,35 @@ Result<std::vector<uint8_t>> EncodeJpeg(std::span<const uint8_t> pixels, uint32_
                                         const JpegEncodeOptions& options) {
   int pf;
   switch (channels) {
-    case 1: pf = TJPF_GRAY; break;
-    case 3: pf = TJPF_RGB; break;
-    case 4: pf = TJPF_CMYK; break;
-    default: return Status::InvalidArgument("EncodeJpeg: channels must be 1, 3 or 4");
+    case 1:
+      pf = TJPF_GRAY;
+      break;
+    case 3:
+      pf = TJPF_RGB;
+      break;
+    case 4:
+      pf = TJPF_CMYK;
+      break;
+    default:
+      return Status::InvalidArgument("EncodeJpeg: channels must be 1, 3 or 4");
   }
   if (pixels.size() != size_t{width} * height * channels) {
     return Status::InvalidArgument("EncodeJpeg: pixel buffer size does not match the image");
   }
   int ss = TJSAMP_420;
   switch (options.subsampling) {
-    case ChromaSubsampling::k444: ss = TJSAMP_444; break;
-    case ChromaSubsampling::k422: ss = TJSAMP_422; break;
-    case ChromaSubsampling::k420: ss = TJSAMP_420; break;
-    case ChromaSubsampling::kGray: ss = TJSAMP_GRAY; break;
+    case ChromaSubsampling::k444:
+      ss = TJSAMP_444;
+      break;
+    case ChromaSubsampling::k422:
+      ss = TJSAMP_422;
+      break;
+    case ChromaSubsampling::k420:
+      ss = TJSAMP_420;
+      break;
+    case ChromaSubsampling::kGray:
+      ss = TJSAMP_GRAY;
+      break;
   }
   if (channels == 1) ss = TJSAMP_GRAY;
   TjHandle h(tjInitCompress());

@@ -8,15 +8,20 @@ Status LmdbStatus(int rc, const std::string& what) {
   if (rc == MDB_SUCCESS) return Status::Ok();
   std::string msg = what + ": " + mdb_strerror(rc);
   switch (rc) {
-    case MDB_NOTFOUND: return Status::NotFound(msg);
+    case MDB_NOTFOUND:
+      return Status::NotFound(msg);
     case MDB_CORRUPTED:
     case MDB_PAGE_NOTFOUND:
     case MDB_INVALID:
     case MDB_VERSION_MISMATCH:
-    case MDB_BAD_TXN: return Status::Corruption(msg);
-    case MDB_MAP_FULL: return Status::ResourceExhausted(msg);
-    case ENOENT: return Status::NotFound(msg);
-    default: return Status::IOError(msg);
+    case MDB_BAD_TXN:
+      return Status::Corruption(msg);
+    case MDB_MAP_FULL:
+      return Status::ResourceExhausted(msg);
+    case ENOENT:
+      return Status::NotFound(msg);
+    default:
+      return Status::IOError(msg);
   }
 }
 

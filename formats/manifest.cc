@@ -90,9 +90,9 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
     json j = json::parse(text);
     m.format_version = j.at("format_version").get<int>();
     if (m.format_version != kManifestFormatVersion) {
-      return Status::Corruption(where + ": manifest format_version " +
-                                std::to_string(m.format_version) + " is not supported (this build reads " +
-                                std::to_string(kManifestFormatVersion) + ")");
+      return Status::Corruption(
+          where + ": manifest format_version " + std::to_string(m.format_version) +
+          " is not supported (this build reads " + std::to_string(kManifestFormatVersion) + ")");
     }
     const json& src = j.at("source");
     m.source_kind = src.at("kind").get<std::string>();

@@ -46,7 +46,7 @@ struct Manifest {
   int format_version = kManifestFormatVersion;
   std::string source_kind;  // "cifar100" or "imagefolder"
   std::string source_path;
-  std::string label_kind;   // "fine" / "coarse" (cifar100), "class_dirs" (imagefolder)
+  std::string label_kind;            // "fine" / "coarse" (cifar100), "class_dirs" (imagefolder)
   std::vector<std::string> classes;  // in label order
   std::map<std::string, SplitInfo> splits;
 

@@ -92,7 +92,9 @@ Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, 
   return Status::Ok();
 }
 
-bool Cancelled(const PackOptions& o) { return o.cancel && o.cancel->load(std::memory_order_relaxed); }
+bool Cancelled(const PackOptions& o) {
+  return o.cancel && o.cancel->load(std::memory_order_relaxed);
+}
 
 std::string ShardName(const std::string& split, uint32_t k) {
   char buf[32];
@@ -179,12 +181,18 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
     if (i == shard_end) {  // the next shard's range begins
       if (shard) {
         Result<ShardInfo> done = shard->Finish();
-        if (!done.ok()) { stop_pool(); return done.status(); }
+        if (!done.ok()) {
+          stop_pool();
+          return done.status();
+        }
         info.shards.push_back(*done);
       }
       Result<std::unique_ptr<ShardWriter>> w =
           ShardWriter::Create(root, ShardName(split, shard_k), info.num_samples);
-      if (!w.ok()) { stop_pool(); return w.status(); }
+      if (!w.ok()) {
+        stop_pool();
+        return w.status();
+      }
       shard = std::move(*w);
       ++shard_k;
       shard_end = n * shard_k / num_shards;
@@ -203,7 +211,10 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
       info.skipped.push_back({source.Describe(i), slot.status.ToString()});
     } else {
       Status st = shard->Put(info.num_samples, slot.record);
-      if (!st.ok()) { stop_pool(); return st; }
+      if (!st.ok()) {
+        stop_pool();
+        return st;
+      }
       encodings.insert(slot.encoding);
       if (info.num_samples == 0) {
         shape_w = slot.width;
@@ -224,7 +235,8 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
     if (o.progress && ((i + 1) % 512 == 0 || i + 1 == n)) {
       progress.done = i + 1;
       progress.bytes = bytes;
-      progress.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      progress.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       o.progress(progress);
     }
   }
@@ -341,10 +353,10 @@ Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_
   m.label_kind = label == CifarLabel::kFine ? "fine" : "coarse";
   m.classes = classes;
   const std::pair<const char*, std::span<const uint8_t>> splits[] = {{"train", files.train.span()},
-                                                                    {"test", files.test.span()}};
+                                                                     {"test", files.test.span()}};
   for (const auto& [name, bin] : splits) {
-    NL_ASSIGN_OR_RETURN(auto source, CifarSplitSource::Create(bin, src + "/" + name + ".bin",
-                                                              &classes, label));
+    NL_ASSIGN_OR_RETURN(auto source,
+                        CifarSplitSource::Create(bin, src + "/" + name + ".bin", &classes, label));
     NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), name, o));
     info.source = m.source_path + "/" + name + ".bin";
     Tally(name, info, &sum);
@@ -417,19 +429,34 @@ Result<PackSummary> PackImageFolder(const std::string& src, const std::string& o
   NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), split, o));
   info.source = Absolute(src);
 
+  // Swap the new split in. Until the manifest is replaced, the old manifest
+  // still describes the set; on any failure the old split directory is put
+  // back, so nothing already written is lost.
   const std::string final_dir = out + "/" + split;
-  TempDir old(out + "/.old-" + split + "-" + pid);
-  if (PathExists(final_dir) && ::rename(final_dir.c_str(), old.path().c_str()) != 0) {
+  const std::string old_dir = out + "/.old-" + split + "-" + pid;
+  const bool had_dir = PathExists(final_dir);
+  if (had_dir && ::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
     return Status::FromErrno("cannot move aside " + final_dir, errno);
   }
+  auto restore = [&] {
+    if (had_dir) ::rename(old_dir.c_str(), final_dir.c_str());
+  };
   const std::string built = tmp.path() + "/" + split;
   if (::rename(built.c_str(), final_dir.c_str()) != 0) {
-    return Status::FromErrno("cannot rename " + built + " to " + final_dir, errno);
+    const int e = errno;
+    restore();
+    return Status::FromErrno("cannot rename " + built + " to " + final_dir, e);
   }
+  Manifest updated = m;
+  updated.splits[split] = info;
+  if (Status st = SaveManifest(out, updated); !st.ok()) {  // the commit point
+    (void)::rename(final_dir.c_str(), built.c_str());
+    restore();
+    return st;
+  }
+  if (had_dir) (void)RemoveAll(old_dir);
   Tally(split, info, &sum);
-  m.splits[split] = std::move(info);
-  NL_RETURN_IF_ERROR(SaveManifest(out, m));  // the commit point
-  sum.manifest = std::move(m);
+  sum.manifest = std::move(updated);
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return sum;
 }

@@ -30,7 +30,7 @@ Result<PackEncoding> ParsePackEncoding(const std::string& s);
 
 struct PackProgress {
   std::string split;
-  uint64_t done = 0;   // samples handled (written or skipped)
+  uint64_t done = 0;  // samples handled (written or skipped)
   uint64_t total = 0;
   uint64_t bytes = 0;  // record bytes written
   double seconds = 0;  // since this split's pack began
@@ -68,8 +68,8 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
 
 // Both splits (train, test) of CIFAR-100 into a new OUT. PackEncoding::kKeep
 // means raw here (the source is not image files).
-Result<PackSummary> PackCifar100(const std::string& src, const std::string& out,
-                                 CifarLabel label, const PackOptions& options);
+Result<PackSummary> PackCifar100(const std::string& src, const std::string& out, CifarLabel label,
+                                 const PackOptions& options);
 
 // One split of an ImageFolder into OUT: a new OUT, or a split added to an
 // existing one (its classes must match). A split that already exists is

@@ -67,7 +67,8 @@ TEST(PackCifar, PacksVerifiesAndExportsExactPixels) {
   EXPECT_EQ(rep.records_checked, 340u);
 
   Result<CifarFiles> f = ReadCifar100(d / "src");
-  auto src = CifarSplitSource::Create(f->train.span(), "train.bin", &f->fine_names, CifarLabel::kFine);
+  auto src =
+      CifarSplitSource::Create(f->train.span(), "train.bin", &f->fine_names, CifarLabel::kFine);
   for (uint64_t i : {0u, 101u, 299u}) {
     SourceSample want;
     ASSERT_TRUE((*src)->Load(i, &want).ok());
@@ -89,10 +90,14 @@ TEST(PackCifar, PacksVerifiesAndExportsExactPixels) {
 TEST(PackCifar, DeterministicWhateverTheThreadCount) {
   testing::ScratchDir d;
   ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 500, .test = 50}).ok());
-  ASSERT_TRUE(PackCifar100(d / "src", d / "a", CifarLabel::kFine, Opts(PackEncoding::kPng, 1)).ok());
-  ASSERT_TRUE(PackCifar100(d / "src", d / "b", CifarLabel::kFine, Opts(PackEncoding::kPng, 4)).ok());
+  ASSERT_TRUE(
+      PackCifar100(d / "src", d / "a", CifarLabel::kFine, Opts(PackEncoding::kPng, 1)).ok());
+  ASSERT_TRUE(
+      PackCifar100(d / "src", d / "b", CifarLabel::kFine, Opts(PackEncoding::kPng, 4)).ok());
   for (const char* f : {"train/shard-00000/data.mdb", "test/shard-00000/data.mdb"}) {
-    EXPECT_EQ(*ReadFileBytes(d / (std::string("a/") + f)), *ReadFileBytes(d / (std::string("b/") + f))) << f;
+    EXPECT_EQ(*ReadFileBytes(d / (std::string("a/") + f)),
+              *ReadFileBytes(d / (std::string("b/") + f)))
+        << f;
   }
 }
 
@@ -140,7 +145,8 @@ TEST(PackImageFolder, BadFileStopsThePackAndLeavesNothing) {
   testing::WriteBytes(d / "src/b/img02.png", png);
   Status s = PackImageFolder(d / "src", d / "out", "train", Opts()).status();
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
-  EXPECT_EQ(s.message().rfind(d / "src/b/img02.png: corrupt PNG: truncated PNG", 0), 0u) << s.ToString();
+  EXPECT_EQ(s.message().rfind(d / "src/b/img02.png: corrupt PNG: truncated PNG", 0), 0u)
+      << s.ToString();
   EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"src"}));  // no OUT, no temporaries
 }
 

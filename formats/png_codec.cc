@@ -176,7 +176,8 @@ Result<ImageInfo> ReadPngInfo(std::span<const uint8_t> bytes) {
 }
 
 Result<std::vector<uint8_t>> EncodePng(const Image& img, int compression_level) {
-  if (img.width == 0 || img.height == 0 || img.pixels.size() != size_t{img.width} * img.height * 3) {
+  if (img.width == 0 || img.height == 0 ||
+      img.pixels.size() != size_t{img.width} * img.height * 3) {
     return Status::InvalidArgument("EncodePng: image of " + std::to_string(img.width) + "x" +
                                    std::to_string(img.height) + " with " +
                                    std::to_string(img.pixels.size()) + " bytes is not RGB");

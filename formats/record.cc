@@ -47,9 +47,12 @@ std::string Hex(uint32_t v) {
 
 std::string_view EncodingName(Encoding e) {
   switch (e) {
-    case Encoding::kRaw: return "raw";
-    case Encoding::kPng: return "png";
-    case Encoding::kJpeg: return "jpeg";
+    case Encoding::kRaw:
+      return "raw";
+    case Encoding::kPng:
+      return "png";
+    case Encoding::kJpeg:
+      return "jpeg";
   }
   return "unknown";
 }
@@ -65,12 +68,14 @@ void EncodeHeaderForTest(const RecordHeader& h, uint32_t magic, uint16_t version
   WriteHeader(h, magic, version, out32);
 }
 
-void EncodeRecord(RecordHeader header, std::span<const uint8_t> payload, std::vector<uint8_t>* out) {
+void EncodeRecord(RecordHeader header, std::span<const uint8_t> payload,
+                  std::vector<uint8_t>* out) {
   header.payload_length = static_cast<uint32_t>(payload.size());
   header.payload_crc = Crc32c(0, payload.data(), payload.size());
   out->resize(kRecordHeaderSize + payload.size());
   WriteHeader(header, kRecordMagic, kRecordVersion, out->data());
-  if (!payload.empty()) std::memcpy(out->data() + kRecordHeaderSize, payload.data(), payload.size());
+  if (!payload.empty())
+    std::memcpy(out->data() + kRecordHeaderSize, payload.data(), payload.size());
 }
 
 Result<RecordView> DecodeRecord(std::span<const uint8_t> value, const RecordLimits& limits) {
@@ -81,7 +86,8 @@ Result<RecordView> DecodeRecord(std::span<const uint8_t> value, const RecordLimi
   }
   const uint8_t* p = value.data();
   if (uint32_t magic = Get32(p); magic != kRecordMagic) {
-    return Status::Corruption("bad record magic " + Hex(magic) + " (expected " + Hex(kRecordMagic) + ")");
+    return Status::Corruption("bad record magic " + Hex(magic) + " (expected " + Hex(kRecordMagic) +
+                              ")");
   }
   if (uint16_t version = Get16(p + 4); version != kRecordVersion) {
     return Status::Corruption("unsupported record version " + std::to_string(version) +
@@ -94,7 +100,8 @@ Result<RecordView> DecodeRecord(std::span<const uint8_t> value, const RecordLimi
   RecordView v;
   RecordHeader& h = v.header;
   if (p[6] > static_cast<uint8_t>(Encoding::kJpeg)) {
-    return Status::Corruption("record encoding " + std::to_string(p[6]) + " is not raw(0), png(1) or jpeg(2)");
+    return Status::Corruption("record encoding " + std::to_string(p[6]) +
+                              " is not raw(0), png(1) or jpeg(2)");
   }
   h.encoding = static_cast<Encoding>(p[6]);
   h.channels = p[7];
@@ -104,7 +111,8 @@ Result<RecordView> DecodeRecord(std::span<const uint8_t> value, const RecordLimi
   h.payload_length = Get32(p + 20);
   h.payload_crc = Get32(p + 24);
   if (h.channels != 3) {
-    return Status::Corruption("record has " + std::to_string(h.channels) + " channels (expected 3)");
+    return Status::Corruption("record has " + std::to_string(h.channels) +
+                              " channels (expected 3)");
   }
   if (h.width == 0 || h.height == 0 || h.width > kMaxRecordDim || h.height > kMaxRecordDim) {
     return Status::Corruption("impossible image size " + std::to_string(h.width) + "x" +

@@ -53,7 +53,7 @@ TEST(Record, LittleEndianLayout) {
   EXPECT_EQ(rec[5], 0);
   EXPECT_EQ(rec[8], 0x04);  // label, least significant byte first
   EXPECT_EQ(rec[11], 0x01);
-  EXPECT_EQ(rec[12], 4);  // width
+  EXPECT_EQ(rec[12], 4);   // width
   EXPECT_EQ(rec[20], 24);  // payload length
 }
 
@@ -79,14 +79,16 @@ TEST(Record, TruncatedValue) {
   Status s = DecodeRecord(rec).status();
   EXPECT_EQ(s.message(), "payload length 24 in header, but the record holds 19 payload bytes");
   rec.resize(20);
-  EXPECT_EQ(DecodeRecord(rec).status().message(), "record is 20 bytes, shorter than its 32-byte header");
+  EXPECT_EQ(DecodeRecord(rec).status().message(),
+            "record is 20 bytes, shorter than its 32-byte header");
 }
 
 TEST(Record, WrongMagicAndVersion) {
   std::vector<uint8_t> rec = RawRecord();
   RecordHeader h = HeaderOf(rec);
   Rewrite(&rec, h, 0xDEADBEEF);
-  EXPECT_EQ(DecodeRecord(rec).status().message(), "bad record magic 0xdeadbeef (expected 0x43524c4e)");
+  EXPECT_EQ(DecodeRecord(rec).status().message(),
+            "bad record magic 0xdeadbeef (expected 0x43524c4e)");
   Rewrite(&rec, h, kRecordMagic, 9);
   EXPECT_EQ(DecodeRecord(rec).status().message(),
             "unsupported record version 9 (this build reads version 1)");

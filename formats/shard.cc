@@ -38,7 +38,8 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
                                                          const std::string& rel_path,
                                                          uint64_t first_index) {
   const std::string dir = root + "/" + rel_path;
-  if (::mkdir(dir.c_str(), 0755) != 0) return Status::FromErrno("cannot create shard " + dir, errno);
+  if (::mkdir(dir.c_str(), 0755) != 0)
+    return Status::FromErrno("cannot create shard " + dir, errno);
   std::unique_ptr<ShardWriter> w(new ShardWriter());
   w->root_ = root;
   w->rel_path_ = rel_path;
@@ -56,7 +57,8 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
 
 Status ShardWriter::BeginTxn() {
   MDB_txn* t = nullptr;
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, 0, &t), "mdb_txn_begin " + rel_path_));
+  NL_RETURN_IF_ERROR(
+      LmdbStatus(mdb_txn_begin(env_.get(), nullptr, 0, &t), "mdb_txn_begin " + rel_path_));
   txn_ = LmdbTxn(t);
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &dbi_), "mdb_dbi_open " + rel_path_));
   txn_bytes_ = 0;
@@ -74,9 +76,9 @@ Status ShardWriter::Put(uint64_t index, std::span<const uint8_t> value) {
   EncodeKey(index, key);
   MDB_val k{8, key};
   MDB_val v{value.size(), const_cast<uint8_t*>(value.data())};
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND),
-                                "cannot write index " + std::to_string(index) + " to shard " +
-                                    root_ + "/" + rel_path_));
+  NL_RETURN_IF_ERROR(LmdbStatus(
+      mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND),
+      "cannot write index " + std::to_string(index) + " to shard " + root_ + "/" + rel_path_));
   crc_ = ExtendChecksum(crc_, index, value);
   ++count_;
   txn_bytes_ += value.size() + 8;
@@ -102,7 +104,8 @@ Result<ShardInfo> ShardWriter::Finish() {
   return info;
 }
 
-Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root, const ShardInfo& info) {
+Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
+                                                       const ShardInfo& info) {
   const std::string dir = root + "/" + info.path;
   const std::string data = dir + "/data.mdb";
   NL_ASSIGN_OR_RETURN(uint64_t size, FileSize(data));
@@ -155,8 +158,8 @@ Result<std::unique_ptr<SplitReader>> SplitReader::Open(const std::string& root, 
   if (!s) {
     std::string have;
     for (const auto& [name, _] : m.splits) have += (have.empty() ? "" : ", ") + name;
-    return Status::NotFound("shard set " + root + " has no split '" + split + "' (it has: " +
-                            (have.empty() ? "none" : have) + ")");
+    return Status::NotFound("shard set " + root + " has no split '" + split +
+                            "' (it has: " + (have.empty() ? "none" : have) + ")");
   }
   std::unique_ptr<SplitReader> r(new SplitReader());
   r->root_ = root;
@@ -198,8 +201,8 @@ Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
   const ShardReader& shard = *reader_->shards_[si];
   if (!txns_[si].get()) {
     MDB_txn* t = nullptr;
-    NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(shard.env(), nullptr, MDB_RDONLY, &t),
-                                  reader_->Where(index)));
+    NL_RETURN_IF_ERROR(
+        LmdbStatus(mdb_txn_begin(shard.env(), nullptr, MDB_RDONLY, &t), reader_->Where(index)));
     txns_[si] = LmdbTxn(t);
   }
   unsigned char key[8];

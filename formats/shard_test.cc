@@ -32,7 +32,8 @@ Manifest WriteShards(const std::string& root, const std::vector<uint64_t>& per_s
   for (size_t k = 0; k < per_shard.size(); ++k) {
     auto w = ShardWriter::Create(root, "train/shard-" + std::to_string(k), index);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
-    for (uint64_t j = 0; j < per_shard[k]; ++j, ++index) EXPECT_TRUE((*w)->Put(index, Record(index)).ok());
+    for (uint64_t j = 0; j < per_shard[k]; ++j, ++index)
+      EXPECT_TRUE((*w)->Put(index, Record(index)).ok());
     Result<ShardInfo> info = (*w)->Finish();
     EXPECT_TRUE(info.ok());
     s.shards.push_back(*info);
@@ -111,7 +112,8 @@ TEST(Shard, CorruptRecordNamesShardAndIndex) {
   EXPECT_TRUE(txn.Read(0).ok());
   Status s = txn.Read(1).status();
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
-  EXPECT_EQ(s.message().rfind("split 'train', shard train-0, index 1: payload checksum mismatch", 0), 0u)
+  EXPECT_EQ(
+      s.message().rfind("split 'train', shard train-0, index 1: payload checksum mismatch", 0), 0u)
       << s.ToString();
 }
 

@@ -51,11 +51,16 @@ void Write(png_structp png, png_bytep d, size_t n) {
 void Flush(png_structp) {}
 int Channels(int color_type) {
   switch (color_type) {
-    case PNG_COLOR_TYPE_GRAY: return 1;
-    case PNG_COLOR_TYPE_GRAY_ALPHA: return 2;
-    case PNG_COLOR_TYPE_RGB: return 3;
-    case PNG_COLOR_TYPE_RGB_ALPHA: return 4;
-    case PNG_COLOR_TYPE_PALETTE: return 1;
+    case PNG_COLOR_TYPE_GRAY:
+      return 1;
+    case PNG_COLOR_TYPE_GRAY_ALPHA:
+      return 2;
+    case PNG_COLOR_TYPE_RGB:
+      return 3;
+    case PNG_COLOR_TYPE_RGB_ALPHA:
+      return 4;
+    case PNG_COLOR_TYPE_PALETTE:
+      return 1;
   }
   return 0;
 }
@@ -88,12 +93,13 @@ std::vector<uint8_t> EncodePngForTest(const PngSpec& s) {
   }
   png_set_write_fn(png, &ctx, Write, Flush);
   png_set_IHDR(png, info, s.width, s.height, s.bit_depth, s.color_type,
-               s.interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-               PNG_FILTER_TYPE_DEFAULT);
+               s.interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   if (s.color_type == PNG_COLOR_TYPE_PALETTE) {
     png_set_PLTE(png, info, s.palette.data(), static_cast<int>(s.palette.size()));
     if (!s.palette_alpha.empty()) {
-      png_set_tRNS(png, info, s.palette_alpha.data(), static_cast<int>(s.palette_alpha.size()), nullptr);
+      png_set_tRNS(png, info, s.palette_alpha.data(), static_cast<int>(s.palette_alpha.size()),
+                   nullptr);
     }
   }
   if (s.gray_or_rgb_trns) {

@@ -35,9 +35,9 @@ struct PngSpec {
   bool interlaced = false;
   // One value per sample (channel), row-major; values < 2^bit_depth.
   std::vector<uint16_t> samples;
-  std::vector<png_color> palette;       // for PNG_COLOR_TYPE_PALETTE
-  std::vector<uint8_t> palette_alpha;   // tRNS for a palette
-  bool gray_or_rgb_trns = false;        // add a tRNS colour key to gray/RGB
+  std::vector<png_color> palette;      // for PNG_COLOR_TYPE_PALETTE
+  std::vector<uint8_t> palette_alpha;  // tRNS for a palette
+  bool gray_or_rgb_trns = false;       // add a tRNS colour key to gray/RGB
 };
 std::vector<uint8_t> EncodePngForTest(const PngSpec& spec);
 

@@ -101,7 +101,8 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
             } else {
               const uint64_t index = DecodeKey(static_cast<const unsigned char*>(k.mv_data));
               if (index != expect) {
-                rep.Add(At(sh, index), "unexpected key (expected index " + std::to_string(expect) + ")");
+                rep.Add(At(sh, index),
+                        "unexpected key (expected index " + std::to_string(expect) + ")");
               }
               expect = index + 1;
               crc = Crc32c(crc, k.mv_data, 8);
@@ -127,7 +128,8 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
       char hex[32];
       std::snprintf(hex, sizeof hex, "crc32c:%08x", crc);
       if (sh.checksum != hex) {
-        rep.Add(sh.path, std::string("checksum ") + hex + " does not match the manifest's " + sh.checksum);
+        rep.Add(sh.path,
+                std::string("checksum ") + hex + " does not match the manifest's " + sh.checksum);
       }
       checked += count;
       // Pass 2: every record's header and CRC; without --quick, decode too.
@@ -160,7 +162,8 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
   return report;
 }
 
-Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index) {
+Result<DecodedSample> ReadSample(const std::string& root, const std::string& split,
+                                 uint64_t index) {
   NL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(root));
   NL_ASSIGN_OR_RETURN(auto reader, SplitReader::Open(root, m, split));
   auto txn = reader->BeginRead();

@@ -23,8 +23,8 @@ struct VerifyReport {
 };
 
 struct VerifyOptions {
-  bool quick = false;      // manifest, counts, keys, sizes, checksums; no decoding
-  uint32_t threads = 0;    // for decoding; 0: all allowed cores
+  bool quick = false;    // manifest, counts, keys, sizes, checksums; no decoding
+  uint32_t threads = 0;  // for decoding; 0: all allowed cores
   size_t max_problems = 1000;
 };
 

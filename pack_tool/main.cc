@@ -41,9 +41,12 @@ std::string HumanBytes(double b) {
 // A bar on a terminal, a line every few seconds otherwise.
 class ProgressPrinter {
  public:
-  explicit ProgressPrinter(uint64_t kill_after) : tty_(::isatty(2)), kill_after_(kill_after) {}
+  ProgressPrinter(uint64_t kill_after, uint64_t interrupt_after)
+      : tty_(::isatty(2)), kill_after_(kill_after), interrupt_after_(interrupt_after) {}
   void operator()(const nl::PackProgress& p) {
-    if (kill_after_ && p.done >= kill_after_) std::raise(SIGKILL);  // test hook: die mid-pack
+    // Test hooks: die (kill -9) or be interrupted (Ctrl-C) mid-pack.
+    if (kill_after_ && p.done >= kill_after_) std::raise(SIGKILL);
+    if (interrupt_after_ && p.done >= interrupt_after_) std::raise(SIGINT);
     const auto now = Clock::now();
     if (p.split != split_) {
       split_ = p.split;
@@ -59,19 +62,20 @@ class ProgressPrinter {
       const int filled = static_cast<int>(width * p.done / std::max<uint64_t>(p.total, 1));
       std::fprintf(stderr, "\r[%s] [%s%s] %llu/%llu  %s  %.0f img/s%s", p.split.c_str(),
                    std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                   static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
-                   HumanBytes(p.bytes).c_str(), rate, done ? "\n" : "");
+                   static_cast<unsigned long long>(p.done),
+                   static_cast<unsigned long long>(p.total), HumanBytes(p.bytes).c_str(), rate,
+                   done ? "\n" : "");
     } else {
       std::fprintf(stderr, "[%s] %llu/%llu samples, %s, %.0f img/s\n", p.split.c_str(),
-                   static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
-                   HumanBytes(p.bytes).c_str(), rate);
+                   static_cast<unsigned long long>(p.done),
+                   static_cast<unsigned long long>(p.total), HumanBytes(p.bytes).c_str(), rate);
     }
   }
 
  private:
   using Clock = std::chrono::steady_clock;
   bool tty_;
-  uint64_t kill_after_;
+  uint64_t kill_after_, interrupt_after_;
   std::string split_;
   Clock::time_point last_;
 };
@@ -85,8 +89,9 @@ void PrintSummary(const std::string& out, const nl::PackSummary& s) {
                 sp.shards.size() == 1 ? "" : "s");
   }
   std::printf(", %llu skipped, %s, %.2f s, %.0f images/s\n",
-              static_cast<unsigned long long>(s.skipped), HumanBytes(static_cast<double>(s.bytes)).c_str(),
-              s.seconds, s.seconds > 0 ? (s.samples + s.skipped) / s.seconds : 0.0);
+              static_cast<unsigned long long>(s.skipped),
+              HumanBytes(static_cast<double>(s.bytes)).c_str(), s.seconds,
+              s.seconds > 0 ? (s.samples + s.skipped) / s.seconds : 0.0);
   for (const auto& name : s.splits_written) {
     for (const auto& f : s.manifest.splits.at(name).skipped) {
       std::printf("  skipped %s: %s\n", f.path.c_str(), f.reason.c_str());
@@ -119,10 +124,11 @@ int Info(const std::string& root, bool as_json) {
       shape = std::to_string((*s.shape)[0]) + "x" + std::to_string((*s.shape)[1]) + "x" +
               std::to_string((*s.shape)[2]);
     }
-    std::printf("split %-6s %llu samples, encoding %s, shape %s, %zu shard%s, %s, %zu skipped at pack\n",
-                name.c_str(), static_cast<unsigned long long>(s.num_samples), s.encoding.c_str(),
-                shape.c_str(), s.shards.size(), s.shards.size() == 1 ? "" : "s",
-                HumanBytes(static_cast<double>(s.total_bytes())).c_str(), s.skipped.size());
+    std::printf(
+        "split %-6s %llu samples, encoding %s, shape %s, %zu shard%s, %s, %zu skipped at pack\n",
+        name.c_str(), static_cast<unsigned long long>(s.num_samples), s.encoding.c_str(),
+        shape.c_str(), s.shards.size(), s.shards.size() == 1 ? "" : "s",
+        HumanBytes(static_cast<double>(s.total_bytes())).c_str(), s.skipped.size());
     for (const auto& sh : s.shards) {
       std::printf("  %s  indices %llu..%llu  %s  %s\n", sh.path.c_str(),
                   static_cast<unsigned long long>(sh.first_index),
@@ -142,7 +148,7 @@ int main(int argc, char** argv) {
   nl::PackOptions opts;
   std::string src, out, label = "fine", split = "train";
   std::string cifar_encoding = "raw", imf_encoding = "keep";
-  uint64_t kill_after = 0;
+  uint64_t kill_after = 0, interrupt_after = 0;
   uint64_t max_mp = 64;
 
   auto add_pack_opts = [&](CLI::App* c, std::string* encoding, const std::string& enc_help) {
@@ -154,10 +160,14 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     c->add_option("--test-kill-after", kill_after, "Testing: SIGKILL self after N samples")
         ->group("");
+    c->add_option("--test-interrupt-after", interrupt_after, "Testing: SIGINT self after N samples")
+        ->group("");
   };
 
-  auto* cifar = app.add_subcommand("cifar100", "Pack CIFAR-100 (binary version): train and test splits");
-  cifar->add_option("SRC", src, "cifar-100-binary directory or cifar-100-binary.tar.gz")->required();
+  auto* cifar =
+      app.add_subcommand("cifar100", "Pack CIFAR-100 (binary version): train and test splits");
+  cifar->add_option("SRC", src, "cifar-100-binary directory or cifar-100-binary.tar.gz")
+      ->required();
   cifar->add_option("OUT", out, "Output shard set directory")->required();
   cifar->add_option("--label", label, "Which label to store")
       ->check(CLI::IsMember({"fine", "coarse"}))
@@ -166,9 +176,11 @@ int main(int argc, char** argv) {
 
   auto* imf = app.add_subcommand("imagefolder", "Pack one split of an ImageFolder tree");
   imf->add_option("SRC", src, "Root with one directory per class")->required();
-  imf->add_option("OUT", out, "Output shard set directory (new, or existing to add a split)")->required();
+  imf->add_option("OUT", out, "Output shard set directory (new, or existing to add a split)")
+      ->required();
   imf->add_option("--split", split, "Split name")->capture_default_str();
-  imf->add_flag("--skip-bad", opts.skip_bad, "Skip bad images (listed in the manifest) instead of failing");
+  imf->add_flag("--skip-bad", opts.skip_bad,
+                "Skip bad images (listed in the manifest) instead of failing");
   add_pack_opts(imf, &imf_encoding, "keep (original file bytes), raw (decoded RGB) or png");
 
   bool quick = false, as_json = false;
@@ -191,8 +203,10 @@ int main(int argc, char** argv) {
 
   nl::FakeCifarOptions fake;
   std::string dir;
-  auto* fk = app.add_subcommand("fake-cifar100", "Write a synthetic CIFAR-100 in the official binary format");
-  fk->add_option("DIR", dir, "Directory to write (train.bin, test.bin, label name files)")->required();
+  auto* fk = app.add_subcommand("fake-cifar100",
+                                "Write a synthetic CIFAR-100 in the official binary format");
+  fk->add_option("DIR", dir, "Directory to write (train.bin, test.bin, label name files)")
+      ->required();
   fk->add_option("--train", fake.train, "Training images")->capture_default_str();
   fk->add_option("--test", fake.test, "Test images")->capture_default_str();
   fk->add_option("--seed", fake.seed, "Random seed")->capture_default_str();
@@ -201,8 +215,11 @@ int main(int argc, char** argv) {
   opts.limits.max_pixels = max_mp << 20;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  // Over a file-size limit, writes fail with EFBIG (reported like a full disk)
+  // instead of the process being killed.
+  std::signal(SIGXFSZ, SIG_IGN);
   opts.cancel = &g_cancel;
-  ProgressPrinter printer(kill_after);
+  ProgressPrinter printer(kill_after, interrupt_after);
   opts.progress = [&printer](const nl::PackProgress& p) { printer(p); };
 
   if (cifar->parsed() || imf->parsed()) {
@@ -215,9 +232,9 @@ int main(int argc, char** argv) {
             ? (opts.encoding == nl::PackEncoding::kKeep
                    ? nl::Result<nl::PackSummary>(nl::Status::InvalidArgument(
                          "--encoding keep needs image files; CIFAR-100 takes raw or png"))
-                   : nl::PackCifar100(src, out, label == "fine" ? nl::CifarLabel::kFine
-                                                               : nl::CifarLabel::kCoarse,
-                                      opts))
+                   : nl::PackCifar100(
+                         src, out,
+                         label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse, opts))
             : nl::PackImageFolder(src, out, split, opts);
     if (!r.ok()) return Fail(r.status());
     PrintSummary(out, *r);
@@ -229,9 +246,11 @@ int main(int argc, char** argv) {
     vo.threads = opts.threads;
     const auto t0 = std::chrono::steady_clock::now();
     nl::VerifyReport rep = nl::VerifyShardSet(out, vo);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& p : rep.problems) std::printf("%s: %s\n", p.where.c_str(), p.what.c_str());
-    std::fprintf(stderr, "verify %s: %llu records checked, %llu images decoded, %zu problem%s, %.2f s\n",
+    std::fprintf(stderr,
+                 "verify %s: %llu records checked, %llu images decoded, %zu problem%s, %.2f s\n",
                  out.c_str(), static_cast<unsigned long long>(rep.records_checked),
                  static_cast<unsigned long long>(rep.images_decoded), rep.problems.size(),
                  rep.problems.size() == 1 ? "" : "s", secs);
@@ -253,7 +272,8 @@ int main(int argc, char** argv) {
     nl::Status st = nl::WriteFakeCifar100(dir, fake);
     if (!st.ok()) return Fail(st);
     std::printf("wrote fake CIFAR-100 to %s: %llu train, %llu test images\n", dir.c_str(),
-                static_cast<unsigned long long>(fake.train), static_cast<unsigned long long>(fake.test));
+                static_cast<unsigned long long>(fake.train),
+                static_cast<unsigned long long>(fake.test));
     return 0;
   }
   return 2;

@@ -94,6 +94,16 @@ expect_rc 0 "pack after a killed pack" "$PT" cifar100 "$W/c100" "$W/killed"
 ls -d "$W"/killed.tmp-* >/dev/null 2>&1 && fail "stale temporary not removed" || ok "stale temporary removed"
 expect_rc 0 "verify after recovery" "$PT" verify "$W/killed"
 
+# Ctrl-C mid-pack: exit 130, nothing left behind
+expect_rc 130 "pack interrupted by SIGINT" "$PT" cifar100 "$W/c100" "$W/interrupted" --test-interrupt-after 500 --threads 1
+expect_out "interrupted" "interruption is reported"
+ls -d "$W"/interrupted* >/dev/null 2>&1 && fail "an interrupted pack left files" || ok "an interrupted pack leaves nothing"
+
+# disk full (simulated with a file-size limit): a clear error, nothing left behind
+expect_rc 1 "pack into a full disk fails" bash -c "ulimit -f 2048; exec '$PT' cifar100 '$W/c100' '$W/full'"
+expect_out "cannot (write|commit) .*shard-00000.*: (Input/output error|File too large|No space left)" "the error names the shard and the cause"
+ls -d "$W"/full* >/dev/null 2>&1 && fail "a failed pack left files" || ok "a failed pack leaves nothing"
+
 # verify finds damage: flip bytes in the middle of a shard file
 cp -r "$W/packed2" "$W/damaged"
 $PY - "$W/damaged/train/shard-00000/data.mdb" <<'PYEOF'
