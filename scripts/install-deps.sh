@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  liblmdb-dev lmdb-utils
+  liblmdb-dev lmdb-utils libhwloc-dev hwloc
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev
   libarchive-dev
   libcli11-dev nlohmann-json3-dev

@@ -1,0 +1,24 @@
+// CPU lists: sorted sets of OS indices of hardware threads (PUs), written the
+// way Linux and numactl write them ("0-9,44-53").
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace nl {
+
+using CpuList = std::vector<int>;  // sorted, unique OS indices
+
+// "0-3,8,10-11" -> {0,1,2,3,8,10,11}. Errors name the bad token.
+Result<CpuList> ParseCpuList(const std::string& text);
+// {0,1,2,3,8,10,11} -> "0-3,8,10-11"; empty -> "".
+std::string FormatCpuList(const CpuList& cpus);
+
+CpuList Intersect(const CpuList& a, const CpuList& b);
+CpuList Union(const CpuList& a, const CpuList& b);
+bool IsSubset(const CpuList& sub, const CpuList& of);
+bool Disjoint(const CpuList& a, const CpuList& b);
+
+}  // namespace nl
