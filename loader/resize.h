@@ -1,0 +1,63 @@
+// Pillow-exact bilinear resampling of 8-bit planes.
+//
+// The formula (Pillow's Resample.c, which torchvision's Resize uses on PIL
+// images): along one axis, resizing a box of `in` pixels to `out` pixels,
+// scale = in / out and filterscale = max(scale, 1) (so shrinking
+// antialiases), support = filterscale. Output pixel o has
+//   center = (o + 0.5) * scale
+//   taps   i in [max(0, trunc(center - support + 0.5)), min(in, trunc(center + support + 0.5)))
+//   weight w_i = tri((i - center + 0.5) / filterscale), tri(t) = max(0, 1 - |t|),
+//          normalised to sum 1, then fixed point: round(w_i * 2^22).
+//   value  = clamp((2^21 + sum_i w_i * p_i) >> 22, 0, 255)
+// applied horizontally first, rounding to 8 bits, then vertically.
+// The AVX2 and scalar passes give identical bytes (tested).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace nl {
+
+enum class Isa { kScalar, kAvx2 };
+Isa BestIsa();  // AVX2 when the CPU has it
+
+inline constexpr int kResizePrecisionBits = 22;
+
+// Coefficients for resizing `in_size` pixels to `out_full`, for the outputs
+// [out_begin, out_begin + out_count) only (a crop of the resized image costs
+// only its own pixels).
+struct ResizeAxis {
+  int in_size = 0, out_full = 0, out_begin = 0, out_count = 0;
+  int ksize = 0;                // taps stored per output (max count)
+  std::vector<int32_t> first;   // first input pixel of each output
+  std::vector<int32_t> count;   // taps of each output
+  std::vector<int32_t> weight;  // out_count * ksize fixed-point weights
+  bool identity() const { return in_size == out_full && out_begin == 0 && out_count == out_full; }
+};
+// Fills *axis (reusing its storage).
+void MakeBilinearAxis(int in_size, int out_full, int out_begin, int out_count, ResizeAxis* axis);
+
+// Resamples along rows: dst row o = sum over taps t of weight * src row (first[o] + t),
+// for `width` bytes per row.
+void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int width, const ResizeAxis& axis,
+                  uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
+
+// dst (cols x rows) = transpose of src (rows x cols).
+void Transpose(const uint8_t* src, int rows, int cols, ptrdiff_t src_stride, uint8_t* dst,
+               ptrdiff_t dst_stride);
+
+// Resizes one plane (in_h x in_w, row stride src_stride) to the window
+// [x0, x0+out_w) x [y0, y0+out_h) of its (full_w x full_h) resize, into dst.
+// Scratch buffers are owned and reused: no allocation once warmed up.
+class PlaneResizer {
+ public:
+  void Resize(const uint8_t* src, int in_w, int in_h, ptrdiff_t src_stride, int full_w, int full_h,
+              int x0, int y0, int out_w, int out_h, uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
+
+ private:
+  ResizeAxis h_, v_;
+  std::vector<uint8_t> a_, b_, c_;
+};
+
+}  // namespace nl

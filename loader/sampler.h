@@ -1,0 +1,56 @@
+// Which samples a rank reads, batch by batch: PyTorch DistributedSampler
+// semantics (contract 2 of the architecture).
+//
+// Per epoch: one permutation of [0, N) from seed + epoch, shared by all ranks
+// (or index order with shuffle off); padded by repeating from its start to a
+// multiple of the world size W (or, with drop_last, trimmed to one); rank r
+// takes positions r, r+W, r+2W, ... Every rank gets the same number of
+// samples and batches; the last partial batch is kept or dropped
+// (drop_last_batch). Batch (epoch, b) is a pure function of the config, so a
+// run can start at any (epoch, batch).
+//
+// The permutation is our own (Fisher-Yates over SplitMix64), not
+// torch.randperm's: the structure is DistributedSampler's, the order is not
+// bit-for-bit PyTorch's.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace nl {
+
+struct SamplerConfig {
+  uint64_t dataset_size = 0;
+  int rank = 0;
+  int world = 1;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = false;  // trim instead of pad to a multiple of the world size
+  uint32_t batch_size = 1;
+  bool drop_last_batch = false;  // drop this rank's last partial batch
+};
+
+class DistributedSampler {
+ public:
+  static Result<DistributedSampler> Create(const SamplerConfig& c);
+
+  const SamplerConfig& config() const { return c_; }
+  uint64_t samples_per_rank() const { return per_rank_; }
+  uint64_t batches_per_epoch() const { return batches_; }
+  // Samples in batch b (the last may be short unless drop_last_batch).
+  uint32_t BatchLength(uint64_t b) const;
+
+  // This rank's samples for an epoch, in order (samples_per_rank() of them).
+  std::vector<uint64_t> EpochIndices(uint64_t epoch) const;
+  // The whole epoch's permutation before padding and striding (N entries).
+  std::vector<uint64_t> Permutation(uint64_t epoch) const;
+
+ private:
+  SamplerConfig c_;
+  uint64_t per_rank_ = 0, batches_ = 0;
+};
+
+}  // namespace nl
