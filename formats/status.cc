@@ -24,6 +24,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "Already exists";
     case StatusCode::kAborted:
       return "Aborted";
+    case StatusCode::kOutOfRange:
+      return "Out of range";
     case StatusCode::kInternal:
       return "Internal error";
   }

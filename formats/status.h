@@ -27,7 +27,8 @@ enum class StatusCode {
   kUnsupported,        // well-formed input we do not handle (e.g. BMP)
   kResourceExhausted,  // an input exceeds a configured limit
   kAlreadyExists,
-  kAborted,  // interrupted (signal, cancellation)
+  kAborted,     // interrupted (signal, cancellation)
+  kOutOfRange,  // past the end (e.g. a loader run has no more batches)
   kInternal,
 };
 
@@ -56,6 +57,7 @@ class [[nodiscard]] Status {
   }
   static Status Aborted(std::string msg) { return {StatusCode::kAborted, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
+  static Status OutOfRange(std::string msg) { return {StatusCode::kOutOfRange, std::move(msg)}; }
 
   bool ok() const { return rep_ == nullptr; }
   StatusCode code() const { return rep_ ? rep_->code : StatusCode::kOk; }

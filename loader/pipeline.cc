@@ -1,0 +1,357 @@
+#include "loader/pipeline.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "formats/manifest.h"
+#include "formats/shard.h"
+
+namespace nl {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+uint64_t NanosSince(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+}
+size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+HeapBuffers::HeapBuffers(size_t count, uint32_t batch_size, size_t sample_bytes) {
+  const size_t pixels = RoundUp(batch_size * sample_bytes, 4096);
+  const size_t meta = RoundUp(batch_size * sizeof(int64_t), 64);
+  bytes_ = pixels + 2 * meta;
+  for (size_t i = 0; i < count; ++i) {
+    // Not touched here: the workers' first writes place the pages.
+    void* p = std::aligned_alloc(4096, RoundUp(bytes_, 4096));
+    if (!p) throw std::bad_alloc();
+    auto* base = static_cast<uint8_t*>(p);
+    memory_.emplace_back(p);
+    buffers_.push_back({base, reinterpret_cast<int64_t*>(base + pixels),
+                        reinterpret_cast<int64_t*>(base + pixels + meta)});
+  }
+}
+
+Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
+  if (s == "error") return OnBadRecord::kError;
+  if (s == "skip") return OnBadRecord::kSkip;
+  return Status::InvalidArgument("unknown --on-bad-record '" + s + "' (use error or skip)");
+}
+
+struct Pipeline::Impl {
+  struct Slot {
+    std::atomic<uint64_t> seq{UINT64_MAX};  // the batch this buffer is assigned to
+    std::atomic<uint32_t> remaining{0};     // samples still to write
+    bool ready = false;                     // guarded by mu
+    uint32_t error_at = UINT32_MAX;         // guarded by mu: first failing sample
+    Status error;                           // guarded by mu
+  };
+  struct alignas(64) WorkerStats {
+    std::atomic<uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0}, images{0}, skipped{0};
+  };
+
+  PipelineConfig c;
+  Manifest manifest;
+  std::unique_ptr<SplitReader> reader;
+  std::optional<DistributedSampler> sampler;
+  std::unique_ptr<HeapBuffers> own_buffers;
+  const BufferSource* buffers = nullptr;
+  size_t sample_bytes = 0;
+  uint64_t bpe = 0, total = 0;
+  uint32_t depth = 0;
+  std::unique_ptr<Slot[]> slots;
+
+  std::mutex mu;
+  std::condition_variable work_cv, ready_cv;
+  std::atomic<bool> stop{false};
+  uint64_t next_deliver = 0;  // guarded by mu
+  uint32_t held = 0;          // guarded by mu: delivered, not released
+  Status failure;             // guarded by mu
+  std::atomic<uint64_t> next_sample{0};
+
+  std::mutex epoch_mu;
+  std::map<uint64_t, std::shared_ptr<const std::vector<uint64_t>>> epoch_lists;
+
+  std::vector<std::unique_ptr<WorkerStats>> wstats;
+  double wait_s = 0, ready_sum = 0;  // guarded by mu
+  uint64_t delivered = 0;            // guarded by mu
+  Clock::time_point start = Clock::now();
+  std::vector<std::jthread> workers;
+
+  std::pair<uint64_t, uint64_t> EpochBatch(uint64_t g) const {
+    const uint64_t pos = c.start_batch + g;
+    return {c.start_epoch + pos / bpe, pos % bpe};
+  }
+  uint32_t LengthOf(uint64_t g) const { return sampler->BatchLength(EpochBatch(g).second); }
+
+  std::shared_ptr<const std::vector<uint64_t>> EpochList(uint64_t epoch) {
+    std::lock_guard lock(epoch_mu);
+    auto it = epoch_lists.find(epoch);
+    if (it != epoch_lists.end()) return it->second;
+    auto list = std::make_shared<const std::vector<uint64_t>>(sampler->EpochIndices(epoch));
+    epoch_lists[epoch] = list;
+    while (epoch_lists.size() > 3)
+      epoch_lists.erase(epoch_lists.begin());  // only recent epochs are in flight
+    return list;
+  }
+
+  // Must hold mu. Points slot g % depth at batch g (or at nothing past the end).
+  void Assign(uint64_t g) {
+    Slot& s = slots[g % depth];
+    s.ready = false;
+    s.error_at = UINT32_MAX;
+    s.error = Status::Ok();
+    if (total && g >= total) {
+      s.seq.store(UINT64_MAX, std::memory_order_release);
+      return;
+    }
+    s.remaining.store(LengthOf(g), std::memory_order_relaxed);
+    s.seq.store(g, std::memory_order_release);
+  }
+
+  struct Worker {
+    SplitReader::ReadTxn txn;
+    SampleTransform transform;
+    Image decoded;
+    WorkerStats* stats;
+  };
+
+  Status LoadSample(Worker& w, uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label) {
+    auto t0 = Clock::now();
+    RecordLimits rl;
+    rl.max_pixels = c.limits.max_pixels;
+    NL_ASSIGN_OR_RETURN(RecordView rec, w.txn.Read(index, rl));
+    w.stats->read_ns += NanosSince(t0);
+    const uint8_t* rgb = rec.payload.data();
+    if (rec.header.encoding != Encoding::kRaw) {
+      auto t1 = Clock::now();
+      Status st = DecodeImageInto(rec.payload, c.limits, &w.decoded);
+      if (st.ok() &&
+          (w.decoded.width != rec.header.width || w.decoded.height != rec.header.height)) {
+        st = Status::Corruption("image decodes to " + std::to_string(w.decoded.width) + "x" +
+                                std::to_string(w.decoded.height) + " but the record says " +
+                                std::to_string(rec.header.width) + "x" +
+                                std::to_string(rec.header.height));
+      }
+      if (!st.ok()) return st.WithContext(reader->Where(index));
+      rgb = w.decoded.pixels.data();
+      w.stats->decode_ns += NanosSince(t1);
+    }
+    auto t2 = Clock::now();
+    w.transform.Apply(rgb, static_cast<int>(rec.header.width), static_cast<int>(rec.header.height),
+                      epoch, index, dst);
+    w.stats->transform_ns += NanosSince(t2);
+    *label = rec.header.label;
+    return Status::Ok();
+  }
+
+  void RunWorker(int id) {
+    if (c.thread_start) c.thread_start(id);
+    Worker w{reader->BeginRead(), SampleTransform(c.transform), Image{}, wstats[id].get()};
+    const uint32_t bsz = c.batch_size;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint64_t s = next_sample.fetch_add(1, std::memory_order_relaxed);
+      const uint64_t g = s / bsz;
+      const uint32_t j = static_cast<uint32_t>(s % bsz);
+      if (total && g >= total) return;
+      Slot& slot = slots[g % depth];
+      if (slot.seq.load(std::memory_order_acquire) != g) {
+        std::unique_lock lock(mu);
+        work_cv.wait(lock,
+                     [&] { return stop.load() || slot.seq.load(std::memory_order_acquire) == g; });
+        if (stop.load()) return;
+      }
+      if (j >= LengthOf(g)) continue;  // the short last batch of an epoch
+      const auto [epoch, b] = EpochBatch(g);
+      const auto list = EpochList(epoch);
+      const BatchBuffer buf = buffers->buffer(g % depth);
+      uint8_t* dst = buf.pixels + j * sample_bytes;
+      const uint64_t n = list->size();
+      Status err;
+      for (uint64_t attempt = 0; attempt < n; ++attempt) {
+        const uint64_t index = (*list)[(b * bsz + j + attempt) % n];
+        int64_t label = 0;
+        Status st = LoadSample(w, epoch, index, dst, &label);
+        if (st.ok()) {
+          buf.labels[j] = label;
+          buf.indices[j] = static_cast<int64_t>(index);
+          w.stats->images.fetch_add(1, std::memory_order_relaxed);
+          err = Status::Ok();
+          break;
+        }
+        err = st;
+        if (c.on_bad_record == OnBadRecord::kError) break;
+        w.stats->skipped.fetch_add(1, std::memory_order_relaxed);  // replaced by the next sample
+      }
+      if (!err.ok()) {
+        std::lock_guard lock(mu);
+        if (j < slot.error_at) {
+          slot.error_at = j;
+          slot.error = c.on_bad_record == OnBadRecord::kSkip
+                           ? err.WithContext("every sample of rank " + std::to_string(c.rank) +
+                                             "'s list failed")
+                           : err;
+        }
+      }
+      if (slot.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        {
+          std::lock_guard lock(mu);
+          slot.ready = true;
+        }
+        ready_cv.notify_all();
+      }
+    }
+  }
+};
+
+Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Pipeline::~Pipeline() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->work_cv.notify_all();
+  impl_->ready_cv.notify_all();
+  impl_->workers.clear();  // joins
+}
+
+Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.c = config;
+  m.c.transform.seed = config.seed;
+  if (m.c.threads == 0) return Status::InvalidArgument("the loader needs at least 1 thread");
+  if (m.c.prefetch == 0) return Status::InvalidArgument("--prefetch must be at least 1");
+  NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
+  NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
+  SamplerConfig sc;
+  sc.dataset_size = m.reader->size();
+  sc.rank = config.rank;
+  sc.world = config.world;
+  sc.seed = config.seed;
+  sc.shuffle = config.shuffle;
+  sc.drop_last = config.drop_last;
+  sc.batch_size = config.batch_size;
+  sc.drop_last_batch = config.drop_last_batch;
+  NL_ASSIGN_OR_RETURN(DistributedSampler sampler, DistributedSampler::Create(sc));
+  m.sampler.emplace(sampler);
+  m.bpe = sampler.batches_per_epoch();
+  if (config.start_batch >= m.bpe) {
+    return Status::InvalidArgument("start batch " + std::to_string(config.start_batch) +
+                                   " is past the " + std::to_string(m.bpe) +
+                                   " batches of an epoch");
+  }
+  m.total = config.epochs ? config.epochs * m.bpe - config.start_batch : 0;
+  m.sample_bytes = SampleTransform(m.c.transform).SampleBytes();
+  m.depth = config.prefetch;
+  if (config.buffers) {
+    if (config.buffers->count() < m.depth) {
+      return Status::InvalidArgument("the buffer source has " +
+                                     std::to_string(config.buffers->count()) +
+                                     " buffers for a prefetch of " + std::to_string(m.depth));
+    }
+    m.buffers = config.buffers;
+  } else {
+    m.own_buffers = std::make_unique<HeapBuffers>(m.depth, config.batch_size, m.sample_bytes);
+    m.buffers = m.own_buffers.get();
+  }
+  m.slots.reset(new Impl::Slot[m.depth]);
+  {
+    std::lock_guard lock(m.mu);
+    for (uint64_t g = 0; g < m.depth; ++g) m.Assign(g);
+  }
+  for (uint32_t i = 0; i < config.threads; ++i)
+    m.wstats.push_back(std::make_unique<Impl::WorkerStats>());
+  m.start = Clock::now();
+  Impl* raw = impl.get();
+  for (uint32_t i = 0; i < config.threads; ++i) {
+    m.workers.emplace_back([raw, i] { raw->RunWorker(static_cast<int>(i)); });
+  }
+  return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
+}
+
+Result<BatchView> Pipeline::Next() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  if (!m.failure.ok()) return m.failure;
+  if (m.total && m.next_deliver >= m.total) {
+    return Status::OutOfRange("end of the run (" + std::to_string(m.total) + " batches)");
+  }
+  if (m.held >= m.depth) {
+    return Status::InvalidArgument(
+        "all " + std::to_string(m.depth) +
+        " batch buffers are held by the consumer: Release() one before Next()");
+  }
+  const uint64_t g = m.next_deliver;
+  Impl::Slot& slot = m.slots[g % m.depth];
+  for (uint32_t i = 0; i < m.depth; ++i) m.ready_sum += m.slots[i].ready ? 1 : 0;
+  const auto t0 = Clock::now();
+  m.ready_cv.wait(lock, [&] {
+    return m.stop.load() || (slot.seq.load(std::memory_order_acquire) == g && slot.ready);
+  });
+  m.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (m.stop.load() && !(slot.seq.load() == g && slot.ready))
+    return Status::Aborted("the loader was stopped");
+  if (!slot.error.ok()) {
+    m.failure = slot.error;
+    m.stop = true;
+    lock.unlock();
+    m.work_cv.notify_all();
+    return m.failure;
+  }
+  const auto [epoch, b] = m.EpochBatch(g);
+  const BatchBuffer buf = m.buffers->buffer(g % m.depth);
+  BatchView v;
+  v.sequence = g;
+  v.epoch = epoch;
+  v.batch = b;
+  v.size = m.LengthOf(g);
+  v.pixels = buf.pixels;
+  v.labels = buf.labels;
+  v.indices = buf.indices;
+  v.buffer = g % m.depth;
+  ++m.next_deliver;
+  ++m.held;
+  ++m.delivered;
+  return v;
+}
+
+void Pipeline::Release(const BatchView& view) {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mu);
+    if (m.held == 0) return;
+    --m.held;
+    m.Assign(view.sequence + m.depth);
+  }
+  m.work_cv.notify_all();
+}
+
+PipelineStats Pipeline::Stats() const {
+  Impl& m = *impl_;
+  PipelineStats s;
+  for (const auto& w : m.wstats) {
+    s.images += w->images.load();
+    s.skipped += w->skipped.load();
+    s.read_s += w->read_ns.load() * 1e-9;
+    s.decode_s += w->decode_ns.load() * 1e-9;
+    s.transform_s += w->transform_ns.load() * 1e-9;
+  }
+  std::lock_guard lock(m.mu);
+  s.batches = m.delivered;
+  s.wait_s = m.wait_s;
+  s.mean_ready = m.delivered ? m.ready_sum / m.delivered : 0;
+  s.elapsed_s = std::chrono::duration<double>(Clock::now() - m.start).count();
+  return s;
+}
+
+const DistributedSampler& Pipeline::sampler() const { return *impl_->sampler; }
+size_t Pipeline::sample_bytes() const { return impl_->sample_bytes; }
+uint64_t Pipeline::total_batches() const { return impl_->total; }
+
+}  // namespace nl

@@ -1,0 +1,252 @@
+#include "loader/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "formats/file_util.h"
+#include "formats/pack.h"
+#include "formats/shard.h"
+#include "formats/test_util.h"
+
+namespace nl {
+namespace {
+
+// A packed fake CIFAR-100 (train: n, test: 10), raw records.
+std::string PackCifar(const testing::ScratchDir& d, uint64_t n) {
+  EXPECT_TRUE(WriteFakeCifar100(d / "src", {.train = n, .test = 10, .seed = 2}).ok());
+  PackOptions o;
+  o.encoding = PackEncoding::kRaw;
+  o.threads = 1;
+  EXPECT_TRUE(PackCifar100(d / "src", d / "packed", CifarLabel::kFine, o).ok());
+  return d / "packed";
+}
+
+PipelineConfig Config(const std::string& dir, uint32_t threads) {
+  PipelineConfig c;
+  c.data_dir = dir;
+  c.batch_size = 16;
+  c.threads = threads;
+  c.prefetch = 3;
+  c.seed = 11;
+  c.epochs = 2;
+  c.transform.image_size = 40;
+  c.transform.train = true;
+  c.transform.pad_crop = 4;
+  return c;
+}
+
+struct Got {
+  uint64_t epoch, batch;
+  std::vector<uint8_t> pixels;
+  std::vector<int64_t> labels, indices;
+  bool operator==(const Got&) const = default;
+};
+
+std::vector<Got> Drain(Pipeline& p, size_t max_batches = SIZE_MAX) {
+  std::vector<Got> out;
+  while (out.size() < max_batches) {
+    Result<BatchView> b = p.Next();
+    if (!b.ok()) {
+      EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status().ToString();
+      break;
+    }
+    out.push_back({b->epoch, b->batch,
+                   std::vector<uint8_t>(b->pixels, b->pixels + b->size * p.sample_bytes()),
+                   std::vector<int64_t>(b->labels, b->labels + b->size),
+                   std::vector<int64_t>(b->indices, b->indices + b->size)});
+    p.Release(*b);
+  }
+  return out;
+}
+
+TEST(Pipeline, SameBytesWithOneAndFourThreadsAndMidEpochStart) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 150);
+  auto one = Pipeline::Open(Config(dir, 1));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  std::vector<Got> a = Drain(**one);
+  auto four = Pipeline::Open(Config(dir, 4));
+  ASSERT_TRUE(four.ok());
+  std::vector<Got> b = Drain(**four);
+  ASSERT_EQ(a.size(), 20u);  // 150 samples, 1 rank: 10 batches (the last of 6) x 2 epochs
+  EXPECT_EQ(a.back().indices.size(), 6u);
+  EXPECT_TRUE(a == b) << "thread count changed the bytes";
+  EXPECT_NE(a[0].pixels, a[10].pixels) << "epochs should differ";
+
+  PipelineConfig mid = Config(dir, 2);
+  mid.start_epoch = 1;
+  mid.start_batch = 3;
+  mid.epochs = 1;
+  auto m = Pipeline::Open(mid);
+  ASSERT_TRUE(m.ok());
+  std::vector<Got> c = Drain(**m);
+  ASSERT_EQ(c.size(), 7u);
+  EXPECT_EQ(c[0].epoch, 1u);
+  EXPECT_EQ(c[0].batch, 3u);
+  EXPECT_TRUE(c[0] == a[13]);
+  EXPECT_TRUE(c.back() == a.back());
+}
+
+TEST(Pipeline, RanksFollowTheSampler) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 100);
+  std::vector<int> seen(100, 0);
+  for (int r = 0; r < 3; ++r) {
+    PipelineConfig c = Config(dir, 2);
+    c.rank = r;
+    c.world = 3;
+    c.epochs = 1;
+    c.transform.train = false;
+    auto p = Pipeline::Open(c);
+    ASSERT_TRUE(p.ok());
+    std::vector<Got> got = Drain(**p);
+    std::vector<uint64_t> want = (*p)->sampler().EpochIndices(0);
+    std::vector<uint64_t> indices;
+    for (const Got& g : got)
+      for (int64_t i : g.indices) indices.push_back(static_cast<uint64_t>(i));
+    EXPECT_EQ(indices, want);
+    for (uint64_t i : indices) ++seen[i];
+  }
+  for (int i = 0; i < 100; ++i) EXPECT_GE(seen[i], 1) << i;
+}
+
+TEST(Pipeline, EvalPixelsAreTheTransformOfTheRecord) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 40);
+  PipelineConfig c = Config(dir, 2);
+  c.transform.train = false;
+  c.epochs = 1;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  Result<BatchView> b = (*p)->Next();
+  ASSERT_TRUE(b.ok());
+  Result<Manifest> m = LoadManifest(dir);
+  auto reader = SplitReader::Open(dir, *m, "train");
+  auto txn = (*reader)->BeginRead();
+  SampleTransform t(c.transform);
+  std::vector<uint8_t> want(t.SampleBytes());
+  for (uint32_t j = 0; j < b->size; ++j) {
+    Result<RecordView> rec = txn.Read(static_cast<uint64_t>(b->indices[j]));
+    ASSERT_TRUE(rec.ok());
+    t.Apply(rec->payload.data(), 32, 32, 0, static_cast<uint64_t>(b->indices[j]), want.data());
+    ASSERT_EQ(0, std::memcmp(want.data(), b->pixels + j * t.SampleBytes(), want.size())) << j;
+    EXPECT_EQ(b->labels[j], rec->header.label);
+  }
+  (*p)->Release(*b);
+}
+
+// A shard set of PNG records where record `bad` has a damaged image whose
+// record CRC is still right (so only decoding finds it).
+std::string PackWithBadImage(const testing::ScratchDir& d, uint64_t n, uint64_t bad) {
+  Manifest m;
+  m.source_kind = "imagefolder";
+  m.classes = {"a", "b"};
+  SplitInfo s;
+  s.encoding = "png";
+  EXPECT_TRUE(MakeDirs(d / "bad/train").ok());
+  auto w = ShardWriter::Create(d / "bad", "train/shard-00000", 0);
+  EXPECT_TRUE(w.ok());
+  for (uint64_t i = 0; i < n; ++i) {
+    std::vector<uint8_t> png = *EncodePng(testing::PatternImage(8, 8, static_cast<uint32_t>(i)));
+    if (i == bad) png.resize(png.size() - 30);
+    std::vector<uint8_t> rec;
+    RecordHeader h;
+    h.label = static_cast<uint32_t>(i % 2);
+    h.encoding = Encoding::kPng;
+    h.width = h.height = 8;
+    EncodeRecord(h, png, &rec);
+    EXPECT_TRUE((*w)->Put(i, rec).ok());
+  }
+  s.shards.push_back(*(*w)->Finish());
+  s.num_samples = n;
+  m.splits["train"] = s;
+  EXPECT_TRUE(SaveManifest(d / "bad", m).ok());
+  return d / "bad";
+}
+
+TEST(Pipeline, BadRecordMidEpochNamesShardAndIndex) {
+  testing::ScratchDir d;
+  const std::string dir = PackWithBadImage(d, 64, 37);
+  PipelineConfig c = Config(dir, 3);
+  c.shuffle = false;
+  c.epochs = 1;
+  c.transform.image_size = 8;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  for (int i = 0; i < 2; ++i) {  // batches 0 and 1 (indices 0..31) are fine
+    Result<BatchView> b = (*p)->Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    (*p)->Release(*b);
+  }
+  Result<BatchView> b = (*p)->Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(b.status().message().rfind(
+                "split 'train', shard train/shard-00000, index 37: corrupt PNG", 0),
+            0u)
+      << b.status().ToString();
+  EXPECT_FALSE((*p)->Next().ok()) << "a failed pipeline stays failed";
+}
+
+TEST(Pipeline, SkipModeReplacesAndCounts) {
+  testing::ScratchDir d;
+  const std::string dir = PackWithBadImage(d, 64, 37);
+  PipelineConfig c = Config(dir, 3);
+  c.shuffle = false;
+  c.epochs = 1;
+  c.transform.image_size = 8;
+  c.on_bad_record = OnBadRecord::kSkip;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  std::vector<Got> got = Drain(**p);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[2].indices[5], 38);  // position 37 replaced by the next sample of the list
+  EXPECT_EQ(got[2].indices[6], 38);
+  EXPECT_EQ((*p)->Stats().skipped, 1u);
+  EXPECT_EQ((*p)->Stats().images, 64u);
+}
+
+TEST(Pipeline, ShutdownWithBatchesInFlight) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 300);
+  for (int held : {0, 1, 2}) {
+    PipelineConfig c = Config(dir, 4);
+    c.epochs = 0;  // unbounded: workers are busy when we stop
+    auto p = Pipeline::Open(c);
+    ASSERT_TRUE(p.ok());
+    for (int i = 0; i < held; ++i) ASSERT_TRUE((*p)->Next().ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    p->reset();  // must not hang, leak (ASan) or touch freed memory
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  }
+}
+
+TEST(Pipeline, ConsumerHoldingEveryBufferGetsAnErrorNotADeadlock) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 200);
+  PipelineConfig c = Config(dir, 2);
+  c.prefetch = 2;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  Result<BatchView> a = (*p)->Next(), b = (*p)->Next();
+  ASSERT_TRUE(a.ok() && b.ok());
+  Status s = (*p)->Next().status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  (*p)->Release(*a);
+  Result<BatchView> c3 = (*p)->Next();
+  ASSERT_TRUE(c3.ok());
+  EXPECT_EQ(c3->sequence, 2u);
+}
+
+TEST(Pipeline, MissingDataIsAClearError) {
+  testing::ScratchDir d;
+  PipelineConfig c = Config(d / "nothing", 1);
+  Status s = Pipeline::Open(c).status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("manifest.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nl
