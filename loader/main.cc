@@ -2,12 +2,18 @@
 // GPU/NUMA/CPU map and the binding plan (more subcommands come with the
 // pipeline: serve, preview).
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "formats/file_util.h"
+#include "formats/manifest.h"
+#include "formats/shard.h"
 #include "loader/binding.h"
+#include "loader/cli_options.h"
 #include "loader/gpu_order.h"
 #include "loader/topology.h"
 
@@ -140,6 +146,104 @@ int Topo(const TopoArgs& a) {
   return 0;
 }
 
+struct PreviewArgs {
+  std::string data, split = "train", indices, out, grid;
+  bool augment = false;
+  uint64_t epoch = 0, seed = 0, batch = 0;
+  uint32_t batch_size = 16;
+  nl::TransformConfig transform;
+  nl::TransformFlags flags;
+};
+
+// Writes each sample exactly as the model sees it (before normalisation).
+int Preview(PreviewArgs a) {
+  nl::Status st = nl::FinishTransformOptions(a.flags, &a.transform);
+  if (!st.ok()) return Fail(st);
+  a.transform.train = a.augment;
+  a.transform.seed = a.seed;
+  a.transform.layout = nl::Layout::kNHWC;
+  a.transform.normalize = false;
+  nl::Result<nl::Manifest> m = nl::LoadManifest(a.data);
+  if (!m.ok()) return Fail(m.status());
+  nl::Result<std::unique_ptr<nl::SplitReader>> reader = nl::SplitReader::Open(a.data, *m, a.split);
+  if (!reader.ok()) return Fail(reader.status());
+  std::vector<uint64_t> indices;
+  if (!a.indices.empty()) {
+    nl::Result<std::vector<int>> l = nl::ParseIntList(a.indices, "--indices");
+    if (!l.ok()) return Fail(l.status());
+    indices.assign(l->begin(), l->end());
+  } else {
+    if (a.grid.empty())
+      return Fail(nl::Status::InvalidArgument("give --indices, or --grid for a whole batch"));
+    nl::SamplerConfig sc;
+    sc.dataset_size = (*reader)->size();
+    sc.seed = a.seed;
+    sc.batch_size = a.batch_size;
+    nl::Result<nl::DistributedSampler> s = nl::DistributedSampler::Create(sc);
+    if (!s.ok()) return Fail(s.status());
+    if (a.batch >= s->batches_per_epoch())
+      return Fail(nl::Status::InvalidArgument("--batch is past the epoch"));
+    const std::vector<uint64_t> list = s->EpochIndices(a.epoch);
+    for (uint32_t j = 0; j < s->BatchLength(a.batch); ++j)
+      indices.push_back(list[a.batch * a.batch_size + j]);
+  }
+  if (!a.out.empty()) {
+    st = nl::MakeDirs(a.out);
+    if (!st.ok()) return Fail(st);
+  }
+  nl::SampleTransform t(a.transform);
+  const int s = a.transform.image_size;
+  auto txn = (*reader)->BeginRead();
+  nl::DecodeLimits limits;
+  nl::Image decoded, sample;
+  sample.width = sample.height = static_cast<uint32_t>(s);
+  sample.pixels.resize(t.SampleBytes());
+  const int cols = static_cast<int>(std::ceil(std::sqrt(static_cast<double>(indices.size()))));
+  const int rows = (static_cast<int>(indices.size()) + cols - 1) / cols, gap = 2;
+  nl::Image grid;
+  grid.width = static_cast<uint32_t>(cols * (s + gap) + gap);
+  grid.height = static_cast<uint32_t>(rows * (s + gap) + gap);
+  grid.pixels.assign(size_t{grid.width} * grid.height * 3, 255);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const uint64_t i = indices[k];
+    nl::Result<nl::RecordView> rec = txn.Read(i);
+    if (!rec.ok()) return Fail(rec.status());
+    const uint8_t* rgb = rec->payload.data();
+    if (rec->header.encoding != nl::Encoding::kRaw) {
+      st = nl::DecodeImageInto(rec->payload, limits, &decoded);
+      if (!st.ok()) return Fail(st.WithContext((*reader)->Where(i)));
+      rgb = decoded.pixels.data();
+    }
+    t.Apply(rgb, static_cast<int>(rec->header.width), static_cast<int>(rec->header.height), a.epoch,
+            i, sample.pixels.data());
+    if (!a.out.empty()) {
+      nl::Result<std::vector<uint8_t>> png = nl::EncodePng(sample, 3);
+      if (!png.ok()) return Fail(png.status());
+      const std::string path = a.out + "/" + std::to_string(i) + ".png";
+      st = nl::WriteFile(path, png->data(), png->size());
+      if (!st.ok()) return Fail(st);
+    }
+    const int gx = gap + static_cast<int>(k % cols) * (s + gap),
+              gy = gap + static_cast<int>(k / cols) * (s + gap);
+    for (int y = 0; y < s; ++y) {
+      std::memcpy(&grid.pixels[((size_t(gy) + y) * grid.width + gx) * 3],
+                  &sample.pixels[size_t(y) * s * 3], size_t(s) * 3);
+    }
+  }
+  if (!a.grid.empty()) {
+    nl::Result<std::vector<uint8_t>> png = nl::EncodePng(grid, 3);
+    if (!png.ok()) return Fail(png.status());
+    st = nl::WriteFile(a.grid, png->data(), png->size());
+    if (!st.ok()) return Fail(st);
+  }
+  std::printf(
+      "wrote %zu sample%s (%s, %dx%d)%s%s%s%s\n", indices.size(), indices.size() == 1 ? "" : "s",
+      a.augment ? ("train transform, epoch " + std::to_string(a.epoch)).c_str() : "eval transform",
+      s, s, a.out.empty() ? "" : " to ", a.out.c_str(), a.grid.empty() ? "" : ", grid ",
+      a.grid.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,7 +266,32 @@ int main(int argc, char** argv) {
                  "Let ranks share cores when a node has too few");
   topo->add_flag("--no-bind", t.no_bind, "A plan that binds nothing");
   topo->add_flag("--json", t.json, "Print the map and plan as one JSON object");
+
+  PreviewArgs pv;
+  auto* preview = app.add_subcommand(
+      "preview", "Write processed samples as PNG: exactly the pixels the model sees");
+  preview->add_option("--data", pv.data, "Shard set directory")->required();
+  preview->add_option("--split", pv.split, "Split")->capture_default_str();
+  preview->add_option("--indices", pv.indices, "Sample indices, e.g. 0,5,9");
+  preview->add_option("--out", pv.out, "Directory for <index>.png");
+  preview->add_option("--grid", pv.grid,
+                      "Also write a contact sheet (without --indices: a whole batch)");
+  preview->add_option("--batch", pv.batch, "With --grid and no --indices: which batch of the epoch")
+      ->capture_default_str();
+  preview->add_option("--batch-size", pv.batch_size, "With --grid and no --indices: its size")
+      ->capture_default_str();
+  preview->add_flag("--augment", pv.augment, "The train transform instead of the eval one");
+  preview->add_option("--epoch", pv.epoch, "Epoch (augmentation and batch order depend on it)")
+      ->capture_default_str();
+  preview->add_option("--seed", pv.seed, "Seed")->capture_default_str();
+  nl::AddTransformOptions(preview, &pv.transform, &pv.flags);
+
   CLI11_PARSE(app, argc, argv);
   if (topo->parsed()) return Topo(t);
+  if (preview->parsed()) {
+    if (pv.out.empty() && pv.grid.empty())
+      return Fail(nl::Status::InvalidArgument("give --out DIR and/or --grid FILE.png"));
+    return Preview(pv);
+  }
   return 2;
 }

@@ -34,9 +34,25 @@ struct ResizeAxis {
   std::vector<int32_t> count;   // taps of each output
   std::vector<int32_t> weight;  // out_count * ksize fixed-point weights
   bool identity() const { return in_size == out_full && out_begin == 0 && out_count == out_full; }
+
+  // For the AVX2 horizontal pass: outputs in blocks of 16, each reading a
+  // 16-byte window of its row at `base` through a byte shuffle per tap.
+  struct Block {
+    int base = 0;
+    int taps = 0;
+    bool fits = false;  // every tap of every output lies inside the window
+  };
+  std::vector<Block> blocks;
+  std::vector<uint8_t> shuffle;       // blocks * ksize * 16 byte indices
+  std::vector<int32_t> block_weight;  // blocks * ksize * 16 weights (0 for unused lanes)
 };
 // Fills *axis (reusing its storage).
 void MakeBilinearAxis(int in_size, int out_full, int out_begin, int out_count, ResizeAxis* axis);
+
+// Resamples along columns within each row: dst[r][o] = sum over taps t of
+// weight * src[r][first[o] + t], for `rows` rows.
+void HorizontalPass(const uint8_t* src, ptrdiff_t src_stride, int rows, const ResizeAxis& axis,
+                    uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
 
 // Resamples along rows: dst row o = sum over taps t of weight * src row (first[o] + t),
 // for `width` bytes per row.
@@ -57,7 +73,7 @@ class PlaneResizer {
 
  private:
   ResizeAxis h_, v_;
-  std::vector<uint8_t> a_, b_, c_;
+  std::vector<uint8_t> c_;
 };
 
 }  // namespace nl

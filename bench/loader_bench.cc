@@ -1,0 +1,311 @@
+// loader_bench: loader throughput per rank. Runs R ranks as R processes on
+// this machine, each with its loader pool bound per the binding plan,
+// consuming as fast as possible or at a simulated compute rate (--step-ms),
+// and prints a per-rank table (or --json).
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "loader/affinity.h"
+#include "loader/binding.h"
+#include "loader/cli_options.h"
+#include "loader/gpu_order.h"
+#include "loader/pipeline.h"
+#include "loader/topology.h"
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int ranks = 1;
+  uint32_t threads = 0;  // per rank; 0: the plan's loader cpus
+  std::string bind = "on", topology, record_indices;
+  double step_ms = 0;
+  bool json_out = false;
+  nl::PipelineConfig pipeline;
+  nl::PipelineFlags pflags;
+  nl::TransformFlags tflags;
+};
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
+
+// RssAnon / RssFile from /proc/self/status, in MiB.
+std::pair<double, double> Rss() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  double anon = 0, file = 0;
+  while (std::getline(f, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) anon = std::stod(line.substr(8)) / 1024;
+    if (line.rfind("RssFile:", 0) == 0) file = std::stod(line.substr(8)) / 1024;
+  }
+  return {anon, file};
+}
+
+json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, bool binds,
+             int rank) {
+  json r;
+  r["rank"] = rank;
+  nl::PipelineConfig c = a.pipeline;
+  c.rank = rank;
+  c.world = a.ranks;
+  c.threads =
+      a.threads ? a.threads : std::max<uint32_t>(1, static_cast<uint32_t>(plan.loader_cpus.size()));
+  nl::BindReport trainer;
+  if (binds) {
+    trainer = nl::BindThisThread(topo, plan.trainer_cpus, plan.mem_node);
+    std::fprintf(stderr, "%s\n", nl::AffinityLine(rank, plan, trainer).c_str());
+    c.thread_start =
+        nl::LoaderThreadStartHook(topo, plan, rank, [rank](int w, const nl::BindReport& br) {
+          if (br.cpu != nl::BindState::kApplied ||
+              (br.mem != nl::BindState::kApplied && br.mem != nl::BindState::kNotRequested)) {
+            std::fprintf(
+                stderr,
+                "[Affinity][Rank %d] loader worker %d: cpu_binding=%s mem_binding=%s %s %s\n", rank,
+                w, std::string(nl::BindStateName(br.cpu)).c_str(),
+                std::string(nl::BindStateName(br.mem)).c_str(), br.cpu_detail.c_str(),
+                br.mem_detail.c_str());
+          }
+        });
+  }
+  const double cpu0 = CpuSeconds();
+  nl::Result<std::unique_ptr<nl::Pipeline>> p = nl::Pipeline::Open(c);
+  if (!p.ok()) {
+    r["error"] = p.status().ToString();
+    return r;
+  }
+  std::vector<double> waits;
+  uint64_t images = 0;
+  std::map<uint64_t, std::vector<int64_t>> epoch_indices;
+  const auto t0 = Clock::now();
+  while (true) {
+    const auto w0 = Clock::now();
+    nl::Result<nl::BatchView> b = (*p)->Next();
+    if (!b.ok()) {
+      if (b.status().code() != nl::StatusCode::kOutOfRange) r["error"] = b.status().ToString();
+      break;
+    }
+    waits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+    images += b->size;
+    if (!a.record_indices.empty()) {
+      auto& v = epoch_indices[b->epoch];
+      v.insert(v.end(), b->indices, b->indices + b->size);
+    }
+    if (a.step_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.step_ms));
+    (*p)->Release(*b);
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double cpu = CpuSeconds() - cpu0;
+  const nl::PipelineStats st = (*p)->Stats();
+  const auto [anon, file] = Rss();
+  std::vector<double> sorted = waits;
+  std::sort(sorted.begin(), sorted.end());
+  double mean = 0;
+  for (double w : waits) mean += w;
+  mean = waits.empty() ? 0 : mean / waits.size();
+  const double bytes = static_cast<double>(images) * (*p)->sample_bytes();
+  r["images"] = images;
+  r["batches"] = waits.size();
+  r["seconds"] = secs;
+  r["images_per_s"] = secs > 0 ? images / secs : 0;
+  r["mb_per_s"] = secs > 0 ? bytes / secs / 1e6 : 0;
+  r["wait_ms_mean"] = mean;
+  r["wait_ms_p95"] =
+      sorted.empty() ? 0 : sorted[std::min(sorted.size() - 1, sorted.size() * 95 / 100)];
+  r["cpu_us_per_image"] = images ? cpu / images * 1e6 : 0;
+  r["cores_used"] = secs > 0 ? cpu / secs : 0;
+  r["threads"] = c.threads;
+  r["loader_cpus"] = nl::FormatCpuList(plan.loader_cpus);
+  r["numa_node"] = plan.numa_node;
+  r["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
+  r["skipped"] = st.skipped;
+  r["stage_s"] = {{"read", st.read_s}, {"decode", st.decode_s}, {"transform", st.transform_s}};
+  r["prefetch_ready_mean"] = st.mean_ready;
+  r["rss_anon_mib"] = anon;
+  r["rss_file_mib"] = file;
+  r["buffers_mib"] =
+      static_cast<double>(c.prefetch) * c.batch_size * (*p)->sample_bytes() / (1 << 20);
+  if (!a.record_indices.empty()) {
+    json e = json::array();
+    for (auto& [epoch, v] : epoch_indices)
+      e.push_back({{"rank", rank}, {"epoch", epoch}, {"indices", v}});
+    r["epoch_indices"] = e;
+  }
+  return r;
+}
+
+int Run(Args a) {
+  nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
+  if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
+  if (!st.ok()) {
+    std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  nl::Result<nl::Topology> topo =
+      a.topology.empty() ? nl::Topology::Live() : nl::Topology::FromXmlFile(a.topology);
+  if (!topo.ok()) {
+    std::fprintf(stderr, "loader_bench: error: %s\n", topo.status().ToString().c_str());
+    return 1;
+  }
+  nl::GpuOrderInputs in;
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) in.cuda_visible_devices = cvd;
+  std::string why;
+  if (a.topology.empty()) in.cuda_bus_ids = nl::QueryCudaBusIds(&why);
+  nl::PlanOptions po;
+  po.nproc = a.ranks;
+  po.no_bind = a.bind == "off";
+  po.allow_shared_cores =
+      true;  // a benchmark on a small machine may oversubscribe; the plan says so
+  nl::Result<std::vector<nl::VisibleGpu>> gpus = nl::ResolveVisibleGpus(*topo, in);
+  if (gpus.ok() && static_cast<int>(gpus->size()) >= a.ranks) po.visible_gpus = *gpus;
+  nl::Result<nl::BindingPlan> plan = nl::Plan(*topo, po);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "loader_bench: error: %s\n", plan.status().ToString().c_str());
+    return 1;
+  }
+  // One process per rank; results come back as JSON over a pipe.
+  std::vector<pid_t> pids;
+  std::vector<int> fds;
+  for (int r = 0; r < a.ranks; ++r) {
+    int p[2];
+    if (pipe(p) != 0) return 1;
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(p[0]);
+      const std::string out = RunRank(a, *topo, plan->ranks[r], plan->binds, r).dump();
+      size_t off = 0;
+      while (off < out.size()) {
+        ssize_t n = write(p[1], out.data() + off, out.size() - off);
+        if (n <= 0) _exit(2);
+        off += static_cast<size_t>(n);
+      }
+      _exit(0);
+    }
+    close(p[1]);
+    pids.push_back(pid);
+    fds.push_back(p[0]);
+  }
+  std::vector<std::string> outs(a.ranks);
+  std::vector<bool> open(a.ranks, true);
+  int left = a.ranks;
+  while (left > 0) {
+    std::vector<pollfd> pf;
+    std::vector<int> which;
+    for (int r = 0; r < a.ranks; ++r)
+      if (open[r]) {
+        pf.push_back({fds[r], POLLIN, 0});
+        which.push_back(r);
+      }
+    if (poll(pf.data(), pf.size(), -1) < 0) continue;
+    for (size_t k = 0; k < pf.size(); ++k) {
+      if (!(pf[k].revents & (POLLIN | POLLHUP))) continue;
+      char buf[65536];
+      ssize_t n = read(fds[which[k]], buf, sizeof buf);
+      if (n > 0) {
+        outs[which[k]].append(buf, static_cast<size_t>(n));
+      } else {
+        open[which[k]] = false;
+        close(fds[which[k]]);
+        --left;
+      }
+    }
+  }
+  json all;
+  all["ranks"] = json::array();
+  double total = 0;
+  int rc = 0;
+  std::ofstream rec;
+  if (!a.record_indices.empty()) rec.open(a.record_indices);
+  for (int r = 0; r < a.ranks; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    json j;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || outs[r].empty()) {
+      j = {{"rank", r},
+           {"error", "rank process ended abnormally (status " + std::to_string(status) + ")"}};
+    } else {
+      j = json::parse(outs[r]);
+    }
+    if (j.contains("error")) rc = 1;
+    if (j.contains("epoch_indices")) {
+      for (const auto& e : j["epoch_indices"]) rec << e.dump() << "\n";
+      j.erase("epoch_indices");
+    }
+    total += j.value("images_per_s", 0.0);
+    all["ranks"].push_back(j);
+  }
+  all["total_images_per_s"] = total;
+  all["image_size"] = a.pipeline.transform.image_size;
+  all["batch_size"] = a.pipeline.batch_size;
+  if (a.json_out) {
+    std::cout << all.dump() << "\n";
+    return rc;
+  }
+  std::printf("%-4s %-6s %-14s %-4s %10s %9s %9s %9s %10s %6s %9s\n", "rank", "node", "loader cpus",
+              "thr", "images/s", "MB/s", "wait ms", "wait p95", "cpu us/img", "cores", "anon MiB");
+  for (const auto& j : all["ranks"]) {
+    if (j.contains("error")) {
+      std::printf("%-4d error: %s\n", j["rank"].get<int>(), j["error"].get<std::string>().c_str());
+      continue;
+    }
+    std::printf("%-4d %-6d %-14s %-4d %10.0f %9.1f %9.3f %9.3f %10.1f %6.2f %9.1f\n",
+                j["rank"].get<int>(), j["numa_node"].get<int>(),
+                j["loader_cpus"].get<std::string>().c_str(), j["threads"].get<int>(),
+                j["images_per_s"].get<double>(), j["mb_per_s"].get<double>(),
+                j["wait_ms_mean"].get<double>(), j["wait_ms_p95"].get<double>(),
+                j["cpu_us_per_image"].get<double>(), j["cores_used"].get<double>(),
+                j["rss_anon_mib"].get<double>());
+  }
+  std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n", total, a.ranks,
+              a.ranks == 1 ? "" : "s", a.pipeline.transform.image_size,
+              a.pipeline.transform.image_size, a.pipeline.batch_size);
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loader_bench: loader throughput per rank"};
+  Args a;
+  a.pipeline.epochs = 1;
+  app.add_option("--ranks", a.ranks, "Ranks (one process each)")->capture_default_str();
+  app.add_option("--threads-per-rank", a.threads,
+                 "Loader threads per rank (default: the plan's loader cores)");
+  app.add_option("--epochs", a.pipeline.epochs, "Epochs")->capture_default_str();
+  app.add_option("--bind", a.bind, "on: bind per the plan; off: no binding")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--topology", a.topology,
+                 "Plan from an hwloc XML file (binding then reports not_supported)");
+  app.add_option("--step-ms", a.step_ms,
+                 "Simulated compute per batch, in ms (0: consume as fast as possible)");
+  app.add_option("--record-indices", a.record_indices,
+                 "Write {rank, epoch, indices} JSON lines to FILE");
+  app.add_flag("--json", a.json_out, "Print JSON");
+  nl::AddPipelineOptions(&app, &a.pipeline, &a.pflags);
+  nl::AddTransformOptions(&app, &a.pipeline.transform, &a.tflags);
+  CLI11_PARSE(app, argc, argv);
+  if (a.ranks < 1) {
+    std::fprintf(stderr, "loader_bench: error: --ranks must be at least 1\n");
+    return 1;
+  }
+  return Run(a);
+}
