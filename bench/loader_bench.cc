@@ -3,6 +3,7 @@
 // consuming as fast as possible or at a simulated compute rate (--step-ms),
 // and prints a per-rank table (or --json).
 #include <poll.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,8 @@
 #include "loader/pipeline.h"
 #include "loader/topology.h"
 
+extern "C" char** environ;
+
 namespace {
 
 using nlohmann::json;
@@ -30,6 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   int ranks = 1;
+  int child_rank = -1;  // set in the rank processes this program spawns
+  std::vector<std::string> argv;
   uint32_t threads = 0;  // per rank; 0: the plan's loader cpus
   std::string bind = "on", topology, record_indices;
   double step_ms = 0;
@@ -151,6 +157,22 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   return r;
 }
 
+// The plan for this machine (or --topology): the same in the parent and in every rank process.
+nl::Result<nl::BindingPlan> MakePlan(const Args& a, const nl::Topology& topo) {
+  nl::GpuOrderInputs in;
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) in.cuda_visible_devices = cvd;
+  std::string why;
+  if (a.topology.empty()) in.cuda_bus_ids = nl::QueryCudaBusIds(&why);
+  nl::PlanOptions po;
+  po.nproc = a.ranks;
+  po.no_bind = a.bind == "off";
+  po.allow_shared_cores =
+      true;  // a benchmark on a small machine may oversubscribe; the plan says so
+  nl::Result<std::vector<nl::VisibleGpu>> gpus = nl::ResolveVisibleGpus(topo, in);
+  if (gpus.ok() && static_cast<int>(gpus->size()) >= a.ranks) po.visible_gpus = *gpus;
+  return nl::Plan(topo, po);
+}
+
 int Run(Args a) {
   nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
   if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
@@ -164,42 +186,45 @@ int Run(Args a) {
     std::fprintf(stderr, "loader_bench: error: %s\n", topo.status().ToString().c_str());
     return 1;
   }
-  nl::GpuOrderInputs in;
-  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) in.cuda_visible_devices = cvd;
-  std::string why;
-  if (a.topology.empty()) in.cuda_bus_ids = nl::QueryCudaBusIds(&why);
-  nl::PlanOptions po;
-  po.nproc = a.ranks;
-  po.no_bind = a.bind == "off";
-  po.allow_shared_cores =
-      true;  // a benchmark on a small machine may oversubscribe; the plan says so
-  nl::Result<std::vector<nl::VisibleGpu>> gpus = nl::ResolveVisibleGpus(*topo, in);
-  if (gpus.ok() && static_cast<int>(gpus->size()) >= a.ranks) po.visible_gpus = *gpus;
-  nl::Result<nl::BindingPlan> plan = nl::Plan(*topo, po);
+  nl::Result<nl::BindingPlan> plan = MakePlan(a, *topo);
   if (!plan.ok()) {
     std::fprintf(stderr, "loader_bench: error: %s\n", plan.status().ToString().c_str());
     return 1;
   }
-  // One process per rank; results come back as JSON over a pipe.
+  if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
+    if (a.child_rank >= a.ranks) return 2;
+    std::cout << RunRank(a, *topo, plan->ranks[a.child_rank], plan->binds, a.child_rank).dump()
+              << std::endl;
+    return 0;
+  }
+  // One process per rank, each a fresh exec of this program (nothing of this
+  // process's threads or libraries' state is inherited); results come back
+  // as JSON over a pipe.
   std::vector<pid_t> pids;
   std::vector<int> fds;
   for (int r = 0; r < a.ranks; ++r) {
     int p[2];
     if (pipe(p) != 0) return 1;
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(p[0]);
-      const std::string out = RunRank(a, *topo, plan->ranks[r], plan->binds, r).dump();
-      size_t off = 0;
-      while (off < out.size()) {
-        ssize_t n = write(p[1], out.data() + off, out.size() - off);
-        if (n <= 0) _exit(2);
-        off += static_cast<size_t>(n);
-      }
-      _exit(0);
-    }
+    std::vector<std::string> args = a.argv;
+    args.push_back("--child-rank");
+    args.push_back(std::to_string(r));
+    std::vector<char*> cargs;
+    for (auto& x : args) cargs.push_back(x.data());
+    cargs.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, cargs.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
     close(p[1]);
+    if (rc != 0) {
+      std::fprintf(stderr, "loader_bench: error: cannot start rank %d: %s\n", r, std::strerror(rc));
+      close(p[0]);
+      for (pid_t q : pids) waitpid(q, nullptr, 0);
+      return 1;
+    }
     pids.push_back(pid);
     fds.push_back(p[0]);
   }
@@ -302,7 +327,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json", a.json_out, "Print JSON");
   nl::AddPipelineOptions(&app, &a.pipeline, &a.pflags);
   nl::AddTransformOptions(&app, &a.pipeline.transform, &a.tflags);
+  app.add_option("--child-rank", a.child_rank, "internal: run one rank and print its JSON")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
+  a.argv.assign(argv, argv + argc);
   if (a.ranks < 1) {
     std::fprintf(stderr, "loader_bench: error: --ranks must be at least 1\n");
     return 1;

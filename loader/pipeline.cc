@@ -158,6 +158,9 @@ struct Pipeline::Impl {
       const uint64_t g = s / bsz;
       const uint32_t j = static_cast<uint32_t>(s % bsz);
       if (total && g >= total) return;
+      // Claims past the end of a short batch carry no work. They must not wait
+      // for the slot: the batch may already be delivered and its slot reused.
+      if (j >= LengthOf(g)) continue;
       Slot& slot = slots[g % depth];
       if (slot.seq.load(std::memory_order_acquire) != g) {
         std::unique_lock lock(mu);
@@ -165,7 +168,6 @@ struct Pipeline::Impl {
                      [&] { return stop.load() || slot.seq.load(std::memory_order_acquire) == g; });
         if (stop.load()) return;
       }
-      if (j >= LengthOf(g)) continue;  // the short last batch of an epoch
       const auto [epoch, b] = EpochBatch(g);
       const auto list = EpochList(epoch);
       const BatchBuffer buf = buffers->buffer(g % depth);

@@ -1,6 +1,7 @@
 #include "loader/pipeline.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstring>
@@ -206,6 +207,41 @@ TEST(Pipeline, SkipModeReplacesAndCounts) {
   EXPECT_EQ(got[2].indices[6], 38);
   EXPECT_EQ((*p)->Stats().skipped, 1u);
   EXPECT_EQ((*p)->Stats().images, 64u);
+}
+
+TEST(Pipeline, ShortLastBatchesWithOneBufferDoNotStall) {
+  // 301 samples over 2 ranks: 151 each, batches of 32 end with one of 23. With
+  // one buffer the consumer frees a batch's slot the moment it is delivered:
+  // claims past the end of that short batch must not wait for it.
+  // Everything on one core, as when a rank's trainer and loader share one:
+  // the consumer then often runs between a batch's last sample and the
+  // worker's next claim.
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 301);
+  cpu_set_t saved, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &saved)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  for (uint32_t threads : {1u, 3u}) {
+    PipelineConfig c = Config(dir, threads);
+    c.world = 2;
+    c.batch_size = 32;
+    c.prefetch = 1;
+    c.epochs = 4;
+    c.transform.image_size = 8;
+    auto p = Pipeline::Open(c);
+    ASSERT_TRUE(p.ok());
+    std::vector<Got> got = Drain(**p);
+    ASSERT_EQ(got.size(), 20u);
+    EXPECT_EQ(got[4].indices.size(), 23u);
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof saved, &saved), 0);
 }
 
 TEST(Pipeline, ShutdownWithBatchesInFlight) {

@@ -99,21 +99,34 @@ void SampleTransform::Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, ui
   const int s = c_.image_size;
   const size_t plane = static_cast<size_t>(g.crop_w) * g.crop_h;
   planes_.resize(plane * 3);
-  // Crop (from the zero-padded source), flip, and split into planes.
+  // Crop (from the zero-padded source), flip, and split into planes, a row
+  // at a time: the in-image span of a row, then zeros for the padding.
+  uint8_t* p0 = planes_.data();
+  uint8_t* p1 = p0 + plane;
+  uint8_t* p2 = p1 + plane;
   for (int y = 0; y < g.crop_h; ++y) {
     const int sy = g.crop_y + y - g.pad;
+    const size_t row = static_cast<size_t>(y) * g.crop_w;
+    if (sy < 0 || sy >= h) {
+      std::memset(p0 + row, 0, g.crop_w);
+      std::memset(p1 + row, 0, g.crop_w);
+      std::memset(p2 + row, 0, g.crop_w);
+      continue;
+    }
+    // Crop columns x with source column sx = crop_x + x - pad inside [0, w).
+    const int x_lo = std::clamp(g.pad - g.crop_x, 0, g.crop_w);
+    const int x_hi = std::clamp(w + g.pad - g.crop_x, x_lo, g.crop_w);
+    const uint8_t* src = rgb + (static_cast<size_t>(sy) * w + (g.crop_x + x_lo - g.pad)) * 3;
     for (int x = 0; x < g.crop_w; ++x) {
-      const int cx = g.flip ? g.crop_w - 1 - x : x;
-      const int sx = g.crop_x + cx - g.pad;
-      const size_t d = static_cast<size_t>(y) * g.crop_w + x;
-      if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
-        planes_[d] = planes_[plane + d] = planes_[2 * plane + d] = 0;
-      } else {
-        const uint8_t* p = rgb + (static_cast<size_t>(sy) * w + sx) * 3;
-        planes_[d] = p[0];
-        planes_[plane + d] = p[1];
-        planes_[2 * plane + d] = p[2];
+      const int dx = g.flip ? g.crop_w - 1 - x : x;  // where crop column x lands
+      if (x < x_lo || x >= x_hi) {
+        p0[row + dx] = p1[row + dx] = p2[row + dx] = 0;
+        continue;
       }
+      const uint8_t* px = src + static_cast<size_t>(x - x_lo) * 3;
+      p0[row + dx] = px[0];
+      p1[row + dx] = px[1];
+      p2[row + dx] = px[2];
     }
   }
   const size_t out_plane = static_cast<size_t>(s) * s;

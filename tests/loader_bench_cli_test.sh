@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# loader_bench end to end: 2 ranks as 2 processes, JSON output, recorded
+# indices (every sample of an epoch delivered exactly once across ranks, apart
+# from DistributedSampler's documented padding), and a bad shard set.
+# Usage: loader_bench_cli_test.sh PACK_TOOL LOADER_BENCH
+set -uo pipefail
+PT=$1
+LB=$2
+PY=/usr/bin/python3
+W=$(mktemp -d "${TMPDIR:-/tmp}/nl-bench-XXXXXX")
+trap 'rm -rf "$W"' EXIT
+failures=0
+passes=0
+ok() { passes=$((passes + 1)); echo "ok   - $1"; }
+fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
+expect_rc() {
+  local want=$1 name=$2; shift 2
+  "$@" >"$W/out" 2>"$W/err"
+  local rc=$?
+  if [ "$rc" -eq "$want" ]; then ok "$name"; else fail "$name (exit $rc, wanted $want)"; sed 's/^/    /' "$W/out" "$W/err"; fi
+}
+
+"$PT" fake-cifar100 "$W/c" --train 301 --test 10 >/dev/null && "$PT" cifar100 "$W/c" "$W/p" >/dev/null 2>&1
+expect_rc 0 "2 ranks, 2 epochs, --json, --record-indices" "$LB" --data "$W/p" --ranks 2 --batch-size 32 --epochs 2 \
+  --image-size 64 --record-indices "$W/idx.jsonl" --json
+cp "$W/out" "$W/bench.json"
+expect_rc 0 "JSON has a row per rank" $PY - "$W/bench.json" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert [r["rank"] for r in j["ranks"]] == [0, 1]
+for r in j["ranks"]:
+    assert r["images"] == 151 * 2, r["images"]  # ceil(301 / 2) per epoch
+    for k in ("images_per_s", "wait_ms_mean", "wait_ms_p95", "cpu_us_per_image", "cores_used", "mb_per_s"):
+        assert r[k] >= 0, k
+assert j["total_images_per_s"] > 0
+PYEOF
+expect_rc 0 "recorded indices: each epoch covers every sample once (one padded)" $PY - "$W/idx.jsonl" <<'PYEOF'
+import json, sys, collections
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert sorted((l["rank"], l["epoch"]) for l in lines) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+for e in (0, 1):
+    c = collections.Counter(i for l in lines if l["epoch"] == e for i in l["indices"])
+    assert set(c) == set(range(301)), "missing samples"
+    assert sum(c.values()) == 302 and sorted(c.values())[-1] == 2  # 1 sample padded
+orders = {l["epoch"]: l["indices"] for l in lines if l["rank"] == 0}
+assert orders[0] != orders[1], "epochs should be shuffled differently"
+PYEOF
+expect_rc 1 "a missing shard set is an error" "$LB" --data "$W/none" --ranks 1
+if grep -q "manifest.json" "$W/out" "$W/err"; then ok "the error names the manifest"; else fail "no manifest in the error"; fi
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
