@@ -271,18 +271,6 @@ void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int width, const Res
   PassScalar(src, src_stride, width, axis, dst, dst_stride);
 }
 
-void Transpose(const uint8_t* src, int rows, int cols, ptrdiff_t ss, uint8_t* dst, ptrdiff_t ds) {
-  constexpr int kTile = 16;
-  for (int r0 = 0; r0 < rows; r0 += kTile) {
-    const int r1 = std::min(rows, r0 + kTile);
-    for (int c0 = 0; c0 < cols; c0 += kTile) {
-      const int c1 = std::min(cols, c0 + kTile);
-      for (int r = r0; r < r1; ++r)
-        for (int c = c0; c < c1; ++c) dst[c * ds + r] = src[r * ss + c];
-    }
-  }
-}
-
 void PlaneResizer::Resize(const uint8_t* src, int in_w, int in_h, ptrdiff_t src_stride, int full_w,
                           int full_h, int x0, int y0, int out_w, int out_h, uint8_t* dst,
                           ptrdiff_t dst_stride, Isa isa) {

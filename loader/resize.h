@@ -59,10 +59,6 @@ void HorizontalPass(const uint8_t* src, ptrdiff_t src_stride, int rows, const Re
 void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int width, const ResizeAxis& axis,
                   uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
 
-// dst (cols x rows) = transpose of src (rows x cols).
-void Transpose(const uint8_t* src, int rows, int cols, ptrdiff_t src_stride, uint8_t* dst,
-               ptrdiff_t dst_stride);
-
 // Resizes one plane (in_h x in_w, row stride src_stride) to the window
 // [x0, x0+out_w) x [y0, y0+out_h) of its (full_w x full_h) resize, into dst.
 // Scratch buffers are owned and reused: no allocation once warmed up.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end on a fresh Debian 12 machine: install, build, make a sample
 # CIFAR-100 (official binary format, synthetic images), pack it into an LMDB
-# shard set, verify it and print its summary.
+# shard set, verify it and print its summary, show the binding plan, preview a
+# training batch and measure the loader on 2 ranks.
 #   scripts/demo.sh [WORKDIR]     (default: demo-data/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,7 @@ work=${1:-demo-data}
 
 scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$(nproc)" --target pack_tool
+cmake --build build -j "$(nproc)" --target pack_tool loader loader_bench
 PT=build/bin/pack_tool
 
 mkdir -p "$work"
@@ -22,4 +23,11 @@ echo "== 3. verify every record"
 echo "== 4. summary"
 "$PT" info "$work/cifar100-packed"
 "$PT" export "$work/cifar100-packed" --split train --index 0 --out "$work/train-0.png"
-echo "demo done: shard set in $work/cifar100-packed"
+echo "== 5. the binding plan on this machine"
+build/bin/loader topo --nproc-per-node 2
+echo "== 6. a training batch as the model sees it (pad-crop + flip, 224x224)"
+build/bin/loader preview --data "$work/cifar100-packed" --grid "$work/batch-0.png" --augment --pad-crop 4 \
+  --batch-size 16
+echo "== 7. loader throughput, 2 ranks, one epoch of CIFAR-100 train at 224x224"
+build/bin/loader_bench --data "$work/cifar100-packed" --ranks 2 --batch-size 256 --epochs 1
+echo "demo done: shard set in $work/cifar100-packed, a batch in $work/batch-0.png"

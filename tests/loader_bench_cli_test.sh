@@ -6,22 +6,10 @@
 set -uo pipefail
 PT=$1
 LB=$2
-PY=/usr/bin/python3
-W=$(mktemp -d "${TMPDIR:-/tmp}/nl-bench-XXXXXX")
-trap 'rm -rf "$W"' EXIT
-failures=0
-passes=0
-ok() { passes=$((passes + 1)); echo "ok   - $1"; }
-fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
-expect_rc() {
-  local want=$1 name=$2; shift 2
-  "$@" >"$W/out" 2>"$W/err"
-  local rc=$?
-  if [ "$rc" -eq "$want" ]; then ok "$name"; else fail "$name (exit $rc, wanted $want)"; sed 's/^/    /' "$W/out" "$W/err"; fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 "$PT" fake-cifar100 "$W/c" --train 301 --test 10 >/dev/null && "$PT" cifar100 "$W/c" "$W/p" >/dev/null 2>&1
-expect_rc 0 "2 ranks, 2 epochs, --json, --record-indices" "$LB" --data "$W/p" --ranks 2 --batch-size 32 --epochs 2 \
+expect_rc_stdout 0 "2 ranks, 2 epochs, --json, --record-indices" "$LB" --data "$W/p" --ranks 2 --batch-size 32 --epochs 2 \
   --image-size 64 --record-indices "$W/idx.jsonl" --json
 cp "$W/out" "$W/bench.json"
 expect_rc 0 "JSON has a row per rank" $PY - "$W/bench.json" <<'PYEOF'
@@ -46,6 +34,5 @@ orders = {l["epoch"]: l["indices"] for l in lines if l["rank"] == 0}
 assert orders[0] != orders[1], "epochs should be shuffled differently"
 PYEOF
 expect_rc 1 "a missing shard set is an error" "$LB" --data "$W/none" --ranks 1
-if grep -q "manifest.json" "$W/out" "$W/err"; then ok "the error names the manifest"; else fail "no manifest in the error"; fi
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+expect_text "manifest.json" "the error names the manifest"
+finish

@@ -5,30 +5,15 @@
 set -uo pipefail
 L=$1
 T=$2
-PY=/usr/bin/python3
-W=$(mktemp -d "${TMPDIR:-/tmp}/nl-topo-XXXXXX")
-trap 'rm -rf "$W"' EXIT
-failures=0
-passes=0
-ok() { passes=$((passes + 1)); echo "ok   - $1"; }
-fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
-expect_rc() {
-  local want=$1 name=$2; shift 2
-  "$@" >"$W/out" 2>&1
-  local rc=$?
-  if [ "$rc" -eq "$want" ]; then ok "$name"; else fail "$name (exit $rc, wanted $want)"; sed 's/^/    /' "$W/out"; fi
-}
-expect_out() {
-  if grep -qF -- "$1" "$W/out"; then ok "$2"; else fail "$2 (no '$1' in output)"; sed 's/^/    /' "$W/out"; fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 unset CUDA_VISIBLE_DEVICES
 expect_rc 0 "topo on the incident's server" "$L" topo --topology "$T/incident.xml" --nproc-per-node 4
-expect_out "[Affinity][Rank 0] local_rank=0 gpu=0 (0000:02:00.0) numa_node=0 trainer_cpus=0 loader_cpus=1-10,45-54 mem_node=0" "rank 0 on node 0"
-expect_out "[Affinity][Rank 1] local_rank=1 gpu=1 (0000:03:00.0) numa_node=0 trainer_cpus=11 loader_cpus=12-21,56-65 mem_node=0" "rank 1 on the other half of node 0"
-expect_out "[Affinity][Rank 2] local_rank=2 gpu=2 (0000:81:00.0) numa_node=1 trainer_cpus=22 loader_cpus=23-32,67-76 mem_node=1" "rank 2 on node 1"
-expect_out "[Affinity][Rank 3] local_rank=3 gpu=3 (0000:82:00.0) numa_node=1 trainer_cpus=33 loader_cpus=34-43,78-87 mem_node=1" "rank 3 on the other half of node 1"
-expect_out "GPU3  0000:82:00.0   1          22-43,66-87" "map shows each GPU's node and cpus"
+expect_text "[Affinity][Rank 0] local_rank=0 gpu=0 (0000:02:00.0) numa_node=0 trainer_cpus=0 loader_cpus=1-10,45-54 mem_node=0" "rank 0 on node 0"
+expect_text "[Affinity][Rank 1] local_rank=1 gpu=1 (0000:03:00.0) numa_node=0 trainer_cpus=11 loader_cpus=12-21,56-65 mem_node=0" "rank 1 on the other half of node 0"
+expect_text "[Affinity][Rank 2] local_rank=2 gpu=2 (0000:81:00.0) numa_node=1 trainer_cpus=22 loader_cpus=23-32,67-76 mem_node=1" "rank 2 on node 1"
+expect_text "[Affinity][Rank 3] local_rank=3 gpu=3 (0000:82:00.0) numa_node=1 trainer_cpus=33 loader_cpus=34-43,78-87 mem_node=1" "rank 3 on the other half of node 1"
+expect_text "GPU3  0000:82:00.0   1          22-43,66-87" "map shows each GPU's node and cpus"
 
 expect_rc 0 "topo --json" "$L" topo --topology "$T/incident.xml" --nproc-per-node 4 --json
 cp "$W/out" "$W/plan.json"
@@ -47,27 +32,26 @@ assert r3["trainer_cpus"] == [33] and r3["loader_cpus"] == list(range(34, 44)) +
 PYEOF
 
 CUDA_VISIBLE_DEVICES=1,3 expect_rc 0 "CUDA_VISIBLE_DEVICES=1,3" "$L" topo --topology "$T/incident.xml"
-expect_out "[Affinity][Rank 1] local_rank=1 gpu=1 (0000:82:00.0) numa_node=1" "visible GPU 1 is the PCI 82:00.0 on node 1"
+expect_text "[Affinity][Rank 1] local_rank=1 gpu=1 (0000:82:00.0) numa_node=1" "visible GPU 1 is the PCI 82:00.0 on node 1"
 CUDA_VISIBLE_DEVICES=3,2,1,0 expect_rc 0 "CUDA_VISIBLE_DEVICES reordered" "$L" topo --topology "$T/incident.xml"
-expect_out "[Affinity][Rank 0] local_rank=0 gpu=0 (0000:82:00.0) numa_node=1" "reordered GPU 0 is 82:00.0"
+expect_text "[Affinity][Rank 0] local_rank=0 gpu=0 (0000:82:00.0) numa_node=1" "reordered GPU 0 is 82:00.0"
 expect_rc 1 "more ranks than GPUs" "$L" topo --topology "$T/incident.xml" --nproc-per-node 6
-expect_out "6 local ranks but only 4 visible GPUs" "names both counts"
+expect_text "6 local ranks but only 4 visible GPUs" "names both counts"
 expect_rc 1 "too few allowed cores" "$L" topo --topology "$T/incident_cgroup.xml" --nproc-per-node 4
-expect_out "NUMA node 1 has 1 allowed core (22,66) for 2 local ranks (2,3)" "error names the node, cores and ranks"
+expect_text "NUMA node 1 has 1 allowed core (22,66) for 2 local ranks (2,3)" "error names the node, cores and ranks"
 expect_rc 0 "--allow-shared-cores" "$L" topo --topology "$T/incident_cgroup.xml" --nproc-per-node 4 --allow-shared-cores
-expect_out "cores shared" "the shared plan says so"
+expect_text "cores shared" "the shared plan says so"
 
 # This machine, as it is.
 expect_rc 0 "topo on this machine" "$L" topo --nproc-per-node 2
-expect_out "machine: this machine" "shows the live map"
-expect_out "[Affinity][Rank 1] local_rank=1" "plans 2 ranks"
+expect_text "machine: this machine" "shows the live map"
+expect_text "[Affinity][Rank 1] local_rank=1" "plans 2 ranks"
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
   expect_rc 0 "topo under taskset" taskset -c 1 "$L" topo --json
   cp "$W/out" "$W/live.json"
   expect_rc 0 "allowed cpus follow taskset" $PY -c "import json; j=json.load(open('$W/live.json')); assert j['allowed_cpus']==[1], j['allowed_cpus']; assert j['ranks'][0]['loader_cpus']==[1]"
 fi
 expect_rc 1 "missing topology file" "$L" topo --topology "$W/none.xml"
-expect_out "none.xml" "error names the file"
+expect_text "none.xml" "error names the file"
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

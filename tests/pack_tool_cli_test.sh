@@ -4,25 +4,7 @@
 set -uo pipefail
 PT=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
-PY=/usr/bin/python3
-W=$(mktemp -d "${TMPDIR:-/tmp}/nl-cli-XXXXXX")
-trap 'rm -rf "$W"' EXIT
-failures=0
-passes=0
-
-ok() { passes=$((passes + 1)); echo "ok   - $1"; }
-fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
-# expect_rc WANT NAME CMD...: runs CMD, captures output in $W/out, checks the exit code.
-expect_rc() {
-  local want=$1 name=$2; shift 2
-  "$@" >"$W/out" 2>&1
-  local rc=$?
-  if [ "$rc" -eq "$want" ]; then ok "$name"; else fail "$name (exit $rc, wanted $want)"; sed 's/^/    /' "$W/out"; fi
-}
-# expect_out PATTERN NAME: the last command's output contains PATTERN (grep -E).
-expect_out() {
-  if grep -qE -- "$1" "$W/out"; then ok "$2"; else fail "$2 (no '$1' in output)"; sed 's/^/    /' "$W/out"; fi
-}
+. "$HERE/cli_lib.sh"
 
 # --- CIFAR-100: fake data, pack, verify, info, export ---------------------
 expect_rc 0 "fake-cifar100 writes a dataset" "$PT" fake-cifar100 "$W/c100" --train 600 --test 100 --seed 7
@@ -134,5 +116,4 @@ expect_rc 0 "--skip-bad packs the rest" "$PT" imagefolder "$W/imf" "$W/imf_bad" 
 expect_out ", 1 skipped," "summary counts the skipped file"
 expect_out "skipped .*zzz_bad.jpg" "summary lists the skipped file"
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -1,0 +1,54 @@
+# Shared by the command-line tests (sourced): a scratch directory $W removed
+# on exit, pass/fail counting, and checks. End a test script with `finish`.
+PY=/usr/bin/python3
+W=$(mktemp -d "${TMPDIR:-/tmp}/nl-cli-XXXXXX")
+trap 'rm -rf "$W"' EXIT
+failures=0
+passes=0
+
+ok() { passes=$((passes + 1)); echo "ok   - $1"; }
+fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
+
+# expect_rc WANT NAME CMD...: runs CMD (stdout and stderr to $W/out) and checks its exit code.
+expect_rc() {
+  local want=$1 name=$2
+  shift 2
+  rm -f "$W/err"
+  "$@" >"$W/out" 2>&1
+  check_rc "$?" "$want" "$name"
+}
+
+# expect_rc_stdout WANT NAME CMD...: as expect_rc, stdout alone to $W/out, stderr to $W/err.
+expect_rc_stdout() {
+  local want=$1 name=$2
+  shift 2
+  "$@" >"$W/out" 2>"$W/err"
+  check_rc "$?" "$want" "$name"
+}
+
+check_rc() {
+  if [ "$1" -eq "$2" ]; then
+    ok "$3"
+  else
+    fail "$3 (exit $1, wanted $2)"
+    cat "$W/out" "$W/err" 2>/dev/null | sed 's/^/    /'
+  fi
+}
+
+# expect_out REGEX NAME / expect_text TEXT NAME: the last command's output contains it.
+expect_out() { expect_grep -E "$1" "$2"; }
+expect_text() { expect_grep -F "$1" "$2"; }
+expect_grep() {
+  # (No pipe here: with pipefail, grep -q closing early would fail it.)
+  if grep -qs "$1" -- "$2" "$W/out" "$W/err"; then
+    ok "$3"
+  else
+    fail "$3 (no '$2' in output)"
+    sed 's/^/    /' "$W/out"
+  fi
+}
+
+finish() {
+  echo "$passes passed, $failures failed"
+  [ "$failures" -eq 0 ]
+}
