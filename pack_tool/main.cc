@@ -227,15 +227,13 @@ int main(int argc, char** argv) {
         nl::ParsePackEncoding(cifar->parsed() ? cifar_encoding : imf_encoding);
     if (!enc.ok()) return Fail(enc.status());
     opts.encoding = *enc;
-    nl::Result<nl::PackSummary> r =
-        cifar->parsed()
-            ? (opts.encoding == nl::PackEncoding::kKeep
-                   ? nl::Result<nl::PackSummary>(nl::Status::InvalidArgument(
-                         "--encoding keep needs image files; CIFAR-100 takes raw or png"))
-                   : nl::PackCifar100(
-                         src, out,
-                         label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse, opts))
-            : nl::PackImageFolder(src, out, split, opts);
+    if (cifar->parsed() && opts.encoding == nl::PackEncoding::kKeep) {
+      return Fail(nl::Status::InvalidArgument(
+          "--encoding keep needs image files; CIFAR-100 takes raw or png"));
+    }
+    const nl::CifarLabel which = label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse;
+    nl::Result<nl::PackSummary> r = cifar->parsed() ? nl::PackCifar100(src, out, which, opts)
+                                                    : nl::PackImageFolder(src, out, split, opts);
     if (!r.ok()) return Fail(r.status());
     PrintSummary(out, *r);
     return 0;

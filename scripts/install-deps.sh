@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git bc
   liblmdb-dev lmdb-utils libhwloc-dev hwloc
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev
   libarchive-dev
