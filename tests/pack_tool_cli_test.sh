@@ -49,6 +49,9 @@ expect_out "Entries: 300" "mdb_stat counts the records"
 expect_rc 0 "pack again" "$PT" cifar100 "$W/c100" "$W/packed2" --shards 2 --threads 1
 expect_rc 0 "byte-identical shards" cmp "$W/packed/train/shard-00001/data.mdb" "$W/packed2/train/shard-00001/data.mdb"
 
+expect_rc 1 "--encoding keep is refused for CIFAR-100" "$PT" cifar100 "$W/c100" "$W/keep" --encoding keep
+expect_out "CIFAR-100 takes raw or png" "the refusal says what works"
+
 # existing OUT refused without --force
 expect_rc 1 "existing OUT refused" "$PT" cifar100 "$W/c100" "$W/packed"
 expect_out "already exists \(use --force" "refusal says how to override"
