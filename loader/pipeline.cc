@@ -1,5 +1,7 @@
 #include "loader/pipeline.h"
 
+#include <sys/mman.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -25,10 +27,15 @@ HeapBuffers::HeapBuffers(size_t count, uint32_t batch_size, size_t sample_bytes)
   const size_t pixels = RoundUp(batch_size * sample_bytes, 4096);
   const size_t meta = RoundUp(batch_size * sizeof(int64_t), 64);
   bytes_ = pixels + 2 * meta;
+  // Huge pages where the kernel offers them (fewer TLB misses while workers
+  // write 150 KB per sample); 2 MiB alignment lets it use them.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = bytes_ >= kHuge ? kHuge : 4096;
   for (size_t i = 0; i < count; ++i) {
     // Not touched here: the workers' first writes place the pages.
-    void* p = std::aligned_alloc(4096, RoundUp(bytes_, 4096));
+    void* p = std::aligned_alloc(align, RoundUp(bytes_, align));
     if (!p) throw std::bad_alloc();
+    if (align == kHuge) (void)madvise(p, RoundUp(bytes_, align), MADV_HUGEPAGE);
     auto* base = static_cast<uint8_t*>(p);
     memory_.emplace_back(p);
     buffers_.push_back({base, reinterpret_cast<int64_t*>(base + pixels),
