@@ -6,14 +6,12 @@
 
 #include <map>
 
+#include "loader/test_topologies.h"
+
 namespace nl {
 namespace {
 
-Topology Load(const std::string& name) {
-  Result<Topology> t = Topology::FromXmlFile(std::string(NL_TOPOLOGY_DIR) + "/" + name);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(*t);
-}
+Topology Load(const std::string& name) { return testing::LoadTestTopology(name); }
 
 PlanOptions Options(const Topology& t, int nproc, std::optional<std::string> cvd = std::nullopt) {
   PlanOptions o;

@@ -266,7 +266,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
     }
     m.buffers = config.buffers;
   } else {
-    m.own_buffers = std::make_unique<HeapBuffers>(m.depth, config.batch_size, m.sample_bytes);
+    try {
+      m.own_buffers = std::make_unique<HeapBuffers>(m.depth, config.batch_size, m.sample_bytes);
+    } catch (const std::bad_alloc&) {
+      return Status::ResourceExhausted("cannot allocate " + std::to_string(m.depth) +
+                                       " batch buffers of " +
+                                       std::to_string(config.batch_size * m.sample_bytes) +
+                                       " bytes (lower --prefetch, --batch-size or --image-size)");
+    }
     m.buffers = m.own_buffers.get();
   }
   m.slots.reset(new Impl::Slot[m.depth]);

@@ -4,15 +4,12 @@
 #include <sched.h>
 
 #include "loader/gpu_order.h"
+#include "loader/test_topologies.h"
 
 namespace nl {
 namespace {
 
-Topology Load(const std::string& name) {
-  Result<Topology> t = Topology::FromXmlFile(std::string(NL_TOPOLOGY_DIR) + "/" + name);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(*t);
-}
+Topology Load(const std::string& name) { return testing::LoadTestTopology(name); }
 
 TEST(Topology, IncidentServerMap) {
   Topology t = Load("incident.xml");
