@@ -113,11 +113,11 @@ void HorizontalScalar(const uint8_t* src, ptrdiff_t ss, int rows, const ResizeAx
   }
 }
 
-void PassScalar(const uint8_t* src, ptrdiff_t ss, int width, const ResizeAxis& a, uint8_t* dst,
-                ptrdiff_t ds) {
+void PassScalar(const uint8_t* src, ptrdiff_t ss, int width, const ResizeAxis& a, int src_row0,
+                uint8_t* dst, ptrdiff_t ds) {
   for (int o = 0; o < a.out_count; ++o) {
     const int32_t* w = &a.weight[static_cast<size_t>(o) * a.ksize];
-    const uint8_t* row = src + a.first[o] * ss;
+    const uint8_t* row = src + (a.first[o] - src_row0) * ss;
     const int n = a.count[o];
     uint8_t* out = dst + o * ds;
     for (int x = 0; x < width; ++x) {
@@ -147,11 +147,12 @@ __attribute__((target("avx2"))) inline __m256i Mac2(__m128i a, __m128i b, __m256
 }
 
 __attribute__((target("avx2"))) void PassAvx2(const uint8_t* src, ptrdiff_t ss, int width,
-                                              const ResizeAxis& a, uint8_t* dst, ptrdiff_t ds) {
+                                              const ResizeAxis& a, int src_row0, uint8_t* dst,
+                                              ptrdiff_t ds) {
   const __m256i round = _mm256_set1_epi32(1 << (kResizePrecisionBits - 1));
   for (int o = 0; o < a.out_count; ++o) {
     const int32_t* w = &a.weight[static_cast<size_t>(o) * a.ksize];
-    const uint8_t* row = src + a.first[o] * ss;
+    const uint8_t* row = src + (a.first[o] - src_row0) * ss;
     const int n = a.count[o];
     uint8_t* out = dst + o * ds;
     int x = 0;
@@ -262,13 +263,13 @@ void HorizontalPass(const uint8_t* src, ptrdiff_t src_stride, int rows, const Re
   HorizontalScalar(src, src_stride, rows, axis, dst, dst_stride);
 }
 
-void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int width, const ResizeAxis& axis,
-                  uint8_t* dst, ptrdiff_t dst_stride, Isa isa) {
+void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int src_row0, int width,
+                  const ResizeAxis& axis, uint8_t* dst, ptrdiff_t dst_stride, Isa isa) {
 #if defined(__x86_64__)
-  if (isa == Isa::kAvx2) return PassAvx2(src, src_stride, width, axis, dst, dst_stride);
+  if (isa == Isa::kAvx2) return PassAvx2(src, src_stride, width, axis, src_row0, dst, dst_stride);
 #endif
   (void)isa;
-  PassScalar(src, src_stride, width, axis, dst, dst_stride);
+  PassScalar(src, src_stride, width, axis, src_row0, dst, dst_stride);
 }
 
 void PlaneResizer::Resize(const uint8_t* src, int in_w, int in_h, ptrdiff_t src_stride, int full_w,
@@ -298,11 +299,7 @@ void PlaneResizer::Resize(const uint8_t* src, int in_w, int in_h, ptrdiff_t src_
       std::memcpy(dst + y * dst_stride, c_plane + y * c_stride, out_w);
     return;
   }
-  // The vertical axis indexes source rows from 0; c_plane starts at row0.
-  ResizeAxis& v = v_;
-  for (int& f : v.first) f -= row0;
-  ResamplePass(c_plane, c_stride, out_w, v, dst, dst_stride, isa);
-  for (int& f : v.first) f += row0;
+  ResamplePass(c_plane, c_stride, row0, out_w, v_, dst, dst_stride, isa);  // c_plane starts at row0
 }
 
 }  // namespace nl

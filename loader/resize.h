@@ -54,10 +54,11 @@ void MakeBilinearAxis(int in_size, int out_full, int out_begin, int out_count, R
 void HorizontalPass(const uint8_t* src, ptrdiff_t src_stride, int rows, const ResizeAxis& axis,
                     uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
 
-// Resamples along rows: dst row o = sum over taps t of weight * src row (first[o] + t),
-// for `width` bytes per row.
-void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int width, const ResizeAxis& axis,
-                  uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
+// Resamples along rows: dst row o = sum over taps t of weight * source row
+// (first[o] + t), for `width` bytes per row. `src` points at source row
+// `src_row0` (the rows before it are not needed by the axis).
+void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int src_row0, int width,
+                  const ResizeAxis& axis, uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
 
 // Resizes one plane (in_h x in_w, row stride src_stride) to the window
 // [x0, x0+out_w) x [y0, y0+out_h) of its (full_w x full_h) resize, into dst.
