@@ -54,6 +54,7 @@ struct Pipeline::Impl {
     std::atomic<uint64_t> seq{UINT64_MAX};  // the batch this buffer is assigned to
     std::atomic<uint32_t> remaining{0};     // samples still to write
     bool ready = false;                     // guarded by mu
+    bool delivered = false;                 // guarded by mu: handed out by Next(), not yet released
     uint32_t error_at = UINT32_MAX;         // guarded by mu: first failing sample
     Status error;                           // guarded by mu
   };
@@ -110,6 +111,7 @@ struct Pipeline::Impl {
   void Assign(uint64_t g) {
     Slot& s = slots[g % depth];
     s.ready = false;
+    s.delivered = false;
     s.error_at = UINT32_MAX;
     s.error = Status::Ok();
     if (total && g >= total) {
@@ -160,6 +162,10 @@ struct Pipeline::Impl {
     if (c.thread_start) c.thread_start(id);
     Worker w{reader->BeginRead(), SampleTransform(c.transform), Image{}, wstats[id].get()};
     const uint32_t bsz = c.batch_size;
+    // This worker's copy of the current epoch's list: the shared cache (and
+    // its lock) is consulted only when the epoch changes.
+    uint64_t list_epoch = UINT64_MAX;
+    std::shared_ptr<const std::vector<uint64_t>> list;
     while (!stop.load(std::memory_order_relaxed)) {
       const uint64_t s = next_sample.fetch_add(1, std::memory_order_relaxed);
       const uint64_t g = s / bsz;
@@ -176,7 +182,10 @@ struct Pipeline::Impl {
         if (stop.load()) return;
       }
       const auto [epoch, b] = EpochBatch(g);
-      const auto list = EpochList(epoch);
+      if (epoch != list_epoch) {
+        list = EpochList(epoch);
+        list_epoch = epoch;
+      }
       const BatchBuffer buf = buffers->buffer(g % depth);
       uint8_t* dst = buf.pixels + j * sample_bytes;
       const uint64_t n = list->size();
@@ -331,6 +340,7 @@ Result<BatchView> Pipeline::Next() {
   v.labels = buf.labels;
   v.indices = buf.indices;
   v.buffer = g % m.depth;
+  slot.delivered = true;
   ++m.next_deliver;
   ++m.held;
   ++m.delivered;
@@ -341,7 +351,11 @@ void Pipeline::Release(const BatchView& view) {
   Impl& m = *impl_;
   {
     std::lock_guard lock(m.mu);
-    if (m.held == 0) return;
+    // Only a batch that is out and not yet back frees its buffer: releasing
+    // twice (or a stale view) must not hand the buffer to another batch while
+    // workers may be writing it.
+    Impl::Slot& slot = m.slots[view.sequence % m.depth];
+    if (slot.seq.load(std::memory_order_relaxed) != view.sequence || !slot.delivered) return;
     --m.held;
     m.Assign(view.sequence + m.depth);
   }

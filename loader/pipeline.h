@@ -120,7 +120,8 @@ class Pipeline {
   // (default mode) is an error naming split, shard, index and reason, after
   // which the pipeline is stopped.
   Result<BatchView> Next();
-  // Gives a delivered batch's buffer back. Batches may be released in any order.
+  // Gives a delivered batch's buffer back. Batches may be released in any
+  // order; releasing one that is not out (twice, or a stale view) does nothing.
   void Release(const BatchView& view);
 
   PipelineStats Stats() const;

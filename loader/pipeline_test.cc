@@ -276,6 +276,29 @@ TEST(Pipeline, ConsumerHoldingEveryBufferGetsAnErrorNotADeadlock) {
   EXPECT_EQ(c3->sequence, 2u);
 }
 
+TEST(Pipeline, ReleasingTwiceDoesNotFreeAnotherBatchsBuffer) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 200);
+  PipelineConfig c = Config(dir, 2);
+  c.prefetch = 2;
+  c.epochs = 1;
+  c.transform.train = false;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  Result<BatchView> a = (*p)->Next();
+  ASSERT_TRUE(a.ok());
+  Result<BatchView> b = (*p)->Next();
+  ASSERT_TRUE(b.ok());
+  const std::vector<uint8_t> held(b->pixels, b->pixels + b->size * (*p)->sample_bytes());
+  (*p)->Release(*a);
+  (*p)->Release(*a);  // ignored: batch 1 is still held
+  Result<BatchView> c3 = (*p)->Next();
+  ASSERT_TRUE(c3.ok());
+  EXPECT_EQ(c3->sequence, 2u);
+  EXPECT_EQ(0, std::memcmp(held.data(), b->pixels, held.size())) << "a held batch was overwritten";
+  EXPECT_EQ((*p)->Next().status().code(), StatusCode::kInvalidArgument) << "both buffers are out";
+}
+
 TEST(Pipeline, MissingDataIsAClearError) {
   testing::ScratchDir d;
   PipelineConfig c = Config(d / "nothing", 1);
