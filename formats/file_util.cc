@@ -119,9 +119,8 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
     ::unlink(tmp.c_str());
     return Status::FromErrno("cannot rename " + tmp + " to " + path, e);
   }
-  return FsyncDir(fs::path(path).parent_path().string().empty()
-                      ? std::string(".")
-                      : fs::path(path).parent_path().string());
+  const std::string dir = fs::path(path).parent_path().string();
+  return FsyncDir(dir.empty() ? "." : dir);
 }
 
 Status MakeDirs(const std::string& dir) {

@@ -40,7 +40,8 @@ std::string LoaderThreadName(int rank, int worker);
 
 // A start hook for the loader's worker threads: the worker binds itself to
 // the rank's loader cpus and memory node, takes its name, and hands its
-// report to `on_bound` (called on the worker thread).
+// report to `on_bound` (called on the worker thread). `topo` is held by
+// reference: it must outlive every thread that runs the hook.
 std::function<void(int worker)> LoaderThreadStartHook(
     const Topology& topo, RankPlan plan, int rank,
     std::function<void(int worker, const BindReport&)> on_bound);
