@@ -3,10 +3,16 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <csetjmp>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+
+#include "formats/crc32c.h"
+#include "formats/file_util.h"
+#include "formats/shard.h"
 
 namespace nl::testing {
 
@@ -114,6 +120,48 @@ std::vector<uint8_t> EncodePngForTest(const PngSpec& s) {
   png_write_end(png, nullptr);
   png_destroy_write_struct(&png, &info);
   return ctx.out;
+}
+
+std::vector<uint8_t> CraftRecord(RecordHeader h, std::span<const uint8_t> payload) {
+  if (h.payload_length == 0) h.payload_length = static_cast<uint32_t>(payload.size());
+  h.payload_crc = Crc32c(0, payload.data(), payload.size());
+  std::vector<uint8_t> out(kRecordHeaderSize + payload.size());
+  EncodeHeaderForTest(h, kRecordMagic, kRecordVersion, out.data());
+  std::copy(payload.begin(), payload.end(), out.begin() + kRecordHeaderSize);
+  return out;
+}
+
+Manifest WriteShardSetForTest(const std::string& root,
+                              const std::vector<std::vector<uint8_t>>& records,
+                              const TestShardSetSpec& spec) {
+  auto check = [](const Status& st) {
+    if (!st.ok()) throw std::runtime_error(st.ToString());
+  };
+  Manifest m;
+  m.source_kind = "imagefolder";
+  m.source_path = root;
+  m.label_kind = "class_dirs";
+  for (uint32_t c = 0; c < spec.num_classes; ++c) m.classes.push_back("c" + std::to_string(c));
+  SplitInfo s;
+  s.encoding = spec.encoding;
+  s.num_samples = records.size();
+  check(MakeDirs(root + "/" + spec.split));
+  const uint64_t n = records.size();
+  const uint32_t shards = std::max<uint32_t>(1, spec.shards);
+  for (uint32_t k = 0; k < shards; ++k) {
+    const uint64_t first = n * k / shards, end = n * (k + 1) / shards;
+    char name[32];
+    std::snprintf(name, sizeof name, "/shard-%05u", k);
+    auto w = ShardWriter::Create(root, spec.split + name, first);
+    check(w.status());
+    for (uint64_t i = first; i < end; ++i) check((*w)->Put(i, records[i]));
+    auto info = (*w)->Finish();
+    check(info.status());
+    s.shards.push_back(*info);
+  }
+  m.splits[spec.split] = s;
+  check(SaveManifest(root, m));
+  return m;
 }
 
 void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes) {

@@ -4,10 +4,13 @@
 #include <png.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "formats/image.h"
+#include "formats/manifest.h"
+#include "formats/record.h"
 
 namespace nl::testing {
 
@@ -40,6 +43,24 @@ struct PngSpec {
   bool gray_or_rgb_trns = false;       // add a tRNS colour key to gray/RGB
 };
 std::vector<uint8_t> EncodePngForTest(const PngSpec& spec);
+
+// A record with any header fields (lying ones included) and valid checksums:
+// the header CRC and the payload CRC are computed over what is written. The
+// header's payload_length is used as given when non-zero, else payload.size().
+std::vector<uint8_t> CraftRecord(RecordHeader header, std::span<const uint8_t> payload);
+
+// Writes a one-split shard set at `root` (created): records[i] is sample i,
+// stored as given (no checks), in `shards` shards; classes "c0".."c{n-1}".
+// Returns the manifest it saved. Throws on failure.
+struct TestShardSetSpec {
+  std::string split = "train";
+  std::string encoding = "png";
+  uint32_t num_classes = 2;
+  uint32_t shards = 1;
+};
+Manifest WriteShardSetForTest(const std::string& root,
+                              const std::vector<std::vector<uint8_t>>& records,
+                              const TestShardSetSpec& spec = {});
 
 void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes);
 void WriteText(const std::string& path, const std::string& text);
