@@ -21,7 +21,9 @@
 #include "loader/affinity.h"
 #include "loader/binding.h"
 #include "loader/cli_options.h"
+#include "formats/worker_pool.h"
 #include "loader/gpu_order.h"
+#include "loader/job_plan.h"
 #include "loader/pipeline.h"
 #include "loader/topology.h"
 
@@ -37,7 +39,8 @@ struct Args {
   int child_rank = -1;  // set in the rank processes this program spawns
   std::vector<std::string> argv;
   uint32_t threads = 0;  // per rank; 0: the plan's loader cpus
-  std::string bind = "on", topology, record_indices;
+  std::string bind = "on", record_indices;
+  nl::JobPlanRequest plan;
   double step_ms = 0;
   bool json_out = false;
   nl::PipelineConfig pipeline;
@@ -90,6 +93,8 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
           }
         });
   }
+  // Timed from before Open: the workers start filling batches inside it.
+  const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();
   nl::Result<std::unique_ptr<nl::Pipeline>> p = nl::Pipeline::Open(c);
   if (!p.ok()) {
@@ -99,7 +104,6 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   std::vector<double> waits;
   uint64_t images = 0;
   std::map<uint64_t, std::vector<int64_t>> epoch_indices;
-  const auto t0 = Clock::now();
   while (true) {
     const auto w0 = Clock::now();
     nl::Result<nl::BatchView> b = (*p)->Next();
@@ -115,7 +119,10 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
     }
     if (a.step_ms > 0)
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.step_ms));
-    (*p)->Release(*b);
+    if (nl::Status rs = (*p)->Release(*b); !rs.ok()) {
+      r["error"] = rs.ToString();
+      break;
+    }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double cpu = CpuSeconds() - cpu0;
@@ -157,22 +164,6 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   return r;
 }
 
-// The plan for this machine (or --topology): the same in the parent and in every rank process.
-nl::Result<nl::BindingPlan> MakePlan(const Args& a, const nl::Topology& topo) {
-  nl::GpuOrderInputs in;
-  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) in.cuda_visible_devices = cvd;
-  std::string why;
-  if (a.topology.empty()) in.cuda_bus_ids = nl::QueryCudaBusIds(&why);
-  nl::PlanOptions po;
-  po.nproc = a.ranks;
-  po.no_bind = a.bind == "off";
-  po.allow_shared_cores =
-      true;  // a benchmark on a small machine may oversubscribe; the plan says so
-  nl::Result<std::vector<nl::VisibleGpu>> gpus = nl::ResolveVisibleGpus(topo, in);
-  if (gpus.ok() && static_cast<int>(gpus->size()) >= a.ranks) po.visible_gpus = *gpus;
-  return nl::Plan(topo, po);
-}
-
 int Run(Args a) {
   nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
   if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
@@ -180,23 +171,24 @@ int Run(Args a) {
     std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
     return 1;
   }
-  nl::Result<nl::Topology> topo =
-      a.topology.empty() ? nl::Topology::Live() : nl::Topology::FromXmlFile(a.topology);
-  if (!topo.ok()) {
-    std::fprintf(stderr, "loader_bench: error: %s\n", topo.status().ToString().c_str());
-    return 1;
-  }
-  nl::Result<nl::BindingPlan> plan = MakePlan(a, *topo);
-  if (!plan.ok()) {
-    std::fprintf(stderr, "loader_bench: error: %s\n", plan.status().ToString().c_str());
+  // The same plan in the parent and in every rank process.
+  a.plan.nproc = a.ranks;
+  a.plan.no_bind = a.bind == "off";
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.plan.cuda_visible_devices = cvd;
+  nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.plan);
+  if (!job.ok()) {
+    std::fprintf(stderr, "loader_bench: error: %s\n", job.status().ToString().c_str());
     return 1;
   }
   if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
     if (a.child_rank >= a.ranks) return 2;
-    std::cout << RunRank(a, *topo, plan->ranks[a.child_rank], plan->binds, a.child_rank).dump()
+    std::cout << RunRank(a, job->topology, job->plan.ranks[a.child_rank], job->plan.binds,
+                         a.child_rank)
+                     .dump()
               << std::endl;
     return 0;
   }
+  for (const std::string& note : job->notes) std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
   // One process per rank, each a fresh exec of this program (nothing of this
   // process's threads or libraries' state is inherited); results come back
   // as JSON over a pipe.
@@ -311,15 +303,27 @@ int main(int argc, char** argv) {
   CLI::App app{"loader_bench: loader throughput per rank"};
   Args a;
   a.pipeline.epochs = 1;
-  app.add_option("--ranks", a.ranks, "Ranks (one process each)")->capture_default_str();
+  app.add_option("--ranks", a.ranks,
+                 "Ranks, one process each: 1.." + std::to_string(nl::kMaxLocalRanks) +
+                     " (more than the allowed cores needs --allow-shared-cores)")
+      ->check(CLI::Range(1, nl::kMaxLocalRanks))
+      ->capture_default_str();
   app.add_option("--threads-per-rank", a.threads,
-                 "Loader threads per rank (default: the plan's loader cores)");
-  app.add_option("--epochs", a.pipeline.epochs, "Epochs")->capture_default_str();
+                 "Loader threads per rank, 1.." + std::to_string(nl::WorkerPool::kMaxThreads) +
+                     " (default: the plan's loader cores)")
+      ->check(CLI::Range(1u, nl::WorkerPool::kMaxThreads));
+  app.add_option("--epochs", a.pipeline.epochs, "Epochs to load, at least 1")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
+      ->capture_default_str();
   app.add_option("--bind", a.bind, "on: bind per the plan; off: no binding")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  app.add_option("--topology", a.topology,
+  app.add_option("--topology", a.plan.topology_file,
                  "Plan from an hwloc XML file (binding then reports not_supported)");
+  app.add_flag("--allow-shared-cores", a.plan.allow_shared_cores,
+               "Let ranks share cores when there are fewer allowed cores than ranks");
+  app.add_flag("--ignore-gpus", a.plan.ignore_gpus,
+               "Plan as if no GPU were visible (e.g. more ranks than GPUs)");
   app.add_option("--step-ms", a.step_ms,
                  "Simulated compute per batch, in ms (0: consume as fast as possible)");
   app.add_option("--record-indices", a.record_indices,

@@ -26,6 +26,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "Aborted";
     case StatusCode::kOutOfRange:
       return "Out of range";
+    case StatusCode::kFailedPrecondition:
+      return "Failed precondition";
     case StatusCode::kInternal:
       return "Internal error";
   }

@@ -29,6 +29,7 @@ enum class StatusCode {
   kAlreadyExists,
   kAborted,     // interrupted (signal, cancellation)
   kOutOfRange,  // past the end (e.g. a loader run has no more batches)
+  kFailedPrecondition,  // a call made in the wrong state (e.g. a second consumer)
   kInternal,
 };
 
@@ -58,6 +59,9 @@ class [[nodiscard]] Status {
   static Status Aborted(std::string msg) { return {StatusCode::kAborted, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
   static Status OutOfRange(std::string msg) { return {StatusCode::kOutOfRange, std::move(msg)}; }
+  static Status FailedPrecondition(std::string msg) {
+    return {StatusCode::kFailedPrecondition, std::move(msg)};
+  }
 
   bool ok() const { return rep_ == nullptr; }
   StatusCode code() const { return rep_ ? rep_->code : StatusCode::kOk; }

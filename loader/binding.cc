@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "formats/parse_number.h"
+
 namespace nl {
 namespace {
 
@@ -74,7 +76,14 @@ int NodeOfCpus(const Topology& topo, const CpuList& cpus) {
 }  // namespace
 
 Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
-  if (o.nproc < 1) return Status::InvalidArgument("--nproc-per-node must be at least 1");
+  if (o.nproc < 1 || o.nproc > kMaxLocalRanks) {
+    return Status::InvalidArgument("local ranks must be 1.." + std::to_string(kMaxLocalRanks) +
+                                   " (asked for " + std::to_string(o.nproc) + ")");
+  }
+  if (o.trainer_cores < 1 || o.trainer_cores > kMaxCpuIndex) {
+    return Status::InvalidArgument("--trainer-cores must be 1.." + std::to_string(kMaxCpuIndex) +
+                                   " (asked for " + std::to_string(o.trainer_cores) + ")");
+  }
   const int n = o.nproc;
   const auto& gpus = o.visible_gpus;
   BindingPlan plan;
@@ -239,35 +248,12 @@ std::string PlanLine(int rank, const RankPlan& r) {
   return s;
 }
 
-Result<std::vector<int>> ParseIntList(const std::string& text, const std::string& what) {
-  std::vector<int> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    const std::string tok = text.substr(start, comma - start);
-    bool ok = !tok.empty() && tok.size() < 9;
-    for (char ch : tok) ok = ok && ch >= '0' && ch <= '9';
-    if (!ok)
-      return Status::InvalidArgument("bad item '" + tok + "' in " + what + " '" + text + "'");
-    out.push_back(std::stoi(tok));
-    start = comma + 1;
-    if (comma == text.size()) break;
-  }
-  return out;
-}
-
 Result<std::vector<CpuList>> ParseCpuAffinity(const std::string& text) {
   std::vector<CpuList> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t semi = text.find(';', start);
-    if (semi == std::string::npos) semi = text.size();
-    Result<CpuList> l = ParseCpuList(text.substr(start, semi - start));
+  for (std::string_view part : SplitText(text, ';')) {
+    Result<CpuList> l = ParseCpuList(std::string(part));
     if (!l.ok()) return l.status().WithContext("--cpu-affinity rank " + std::to_string(out.size()));
     out.push_back(std::move(*l));
-    start = semi + 1;
-    if (semi == text.size()) break;
   }
   return out;
 }

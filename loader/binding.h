@@ -17,6 +17,10 @@
 
 namespace nl {
 
+// Bounds on what a plan may be asked for (checked by Plan()).
+inline constexpr int kMaxLocalRanks = 1024;
+inline constexpr int kMaxGpuIndex = 1023;
+
 struct PlanOptions {
   int nproc = 1;                         // local ranks
   std::vector<VisibleGpu> visible_gpus;  // in CUDA ordinal order (ResolveVisibleGpus)
@@ -64,8 +68,6 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& options);
 // loader_cpus=23-32,67-76 mem_node=1
 std::string PlanLine(int rank, const RankPlan& r);
 
-// "0,1" -> {0,1}; "1" with nproc 4 -> {1,1,1,1}. Errors name the bad item.
-Result<std::vector<int>> ParseIntList(const std::string& text, const std::string& what);
 // "0-9,44-53;10-21,54-65" -> one CpuList per rank.
 Result<std::vector<CpuList>> ParseCpuAffinity(const std::string& text);
 

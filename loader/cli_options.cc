@@ -1,6 +1,6 @@
 #include "loader/cli_options.h"
 
-#include <sstream>
+#include "formats/parse_number.h"
 
 namespace nl {
 
@@ -9,6 +9,8 @@ void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f) {
   app->add_option("--resize", f->resize,
                   "squash (to SxS) or shorter-crop (shorter side S, centre crop)")
       ->capture_default_str();
+  app->add_flag("--augment", f->augment,
+                "The train transform (random crop, flip) instead of eval (resize only)");
   app->add_option("--pad-crop", c->pad_crop,
                   "Train: zero-pad P pixels, then random crop (before resize)");
   app->add_flag("--random-resized-crop", f->rrc,
@@ -23,18 +25,12 @@ void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f) {
 namespace {
 Status ParseTriple(const std::string& s, const char* what, std::array<float, 3>* out) {
   if (s.empty()) return Status::Ok();
-  std::istringstream in(s);
-  std::string tok;
-  int i = 0;
-  while (std::getline(in, tok, ',')) {
-    if (i == 3) return Status::InvalidArgument(std::string(what) + " takes 3 values");
-    try {
-      (*out)[i++] = std::stof(tok);
-    } catch (...) {
-      return Status::InvalidArgument(std::string("bad ") + what + " value '" + tok + "'");
-    }
+  NL_ASSIGN_OR_RETURN(std::vector<double> v, ParseDoubleList(s, what, -1e6, 1e6));
+  if (v.size() != 3) {
+    return Status::InvalidArgument(std::string(what) + " takes 3 values, got " +
+                                   std::to_string(v.size()) + " ('" + s + "')");
   }
-  if (i != 3) return Status::InvalidArgument(std::string(what) + " takes 3 values");
+  for (int i = 0; i < 3; ++i) (*out)[i] = static_cast<float>(v[i]);
   return Status::Ok();
 }
 }  // namespace
@@ -42,8 +38,14 @@ Status ParseTriple(const std::string& s, const char* what, std::array<float, 3>*
 Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
   NL_ASSIGN_OR_RETURN(c->resize, ParseResizeMode(f.resize));
   NL_ASSIGN_OR_RETURN(c->layout, ParseLayout(f.layout));
+  c->train = f.augment;
   c->random_resized_crop = f.rrc;
   c->flip = !f.no_flip;
+  if (!f.augment && (c->pad_crop != 0 || f.rrc || f.no_flip)) {
+    return Status::InvalidArgument(
+        "--pad-crop, --random-resized-crop and --no-flip shape the train transform: add "
+        "--augment (without it the eval transform, resize only, is used)");
+  }
   if (c->image_size < 1 || c->image_size > 8192)
     return Status::InvalidArgument("--image-size must be 1..8192");
   if (c->pad_crop < 0 || c->pad_crop > 1024)
@@ -58,8 +60,14 @@ Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
 void AddPipelineOptions(CLI::App* app, PipelineConfig* c, PipelineFlags* f) {
   app->add_option("--data", c->data_dir, "Shard set directory (pack_tool output)")->required();
   app->add_option("--split", c->split, "Split")->capture_default_str();
-  app->add_option("--batch-size", c->batch_size, "Samples per batch")->capture_default_str();
-  app->add_option("--prefetch", c->prefetch, "Batches in flight")->capture_default_str();
+  app->add_option("--batch-size", c->batch_size, "Samples per batch, at least 1")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  app->add_option("--prefetch", c->prefetch,
+                  "Batches in flight, 1.." + std::to_string(kMaxPrefetch) +
+                      " (their buffers must fit in half the machine's memory)")
+      ->check(CLI::Range(1u, kMaxPrefetch))
+      ->capture_default_str();
   app->add_option("--seed", c->seed, "Shuffle and augmentation seed")->capture_default_str();
   app->add_flag("--no-shuffle", f->no_shuffle, "Index order instead of a per-epoch permutation");
   app->add_flag("--drop-last", c->drop_last,

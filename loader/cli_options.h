@@ -13,7 +13,7 @@ namespace nl {
 // strings go to *raw; Finish() turns them into the config.
 struct TransformFlags {
   std::string resize = "squash", layout = "nchw", mean, std;
-  bool rrc = false, no_flip = false;
+  bool augment = false, rrc = false, no_flip = false;
 };
 void AddTransformOptions(CLI::App* app, TransformConfig* config, TransformFlags* flags);
 Status FinishTransformOptions(const TransformFlags& flags, TransformConfig* config);

@@ -1,46 +1,35 @@
 #include "loader/cpu_list.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <climits>
-#include <cstdlib>
 #include <iterator>
 
+#include "formats/parse_number.h"
+
 namespace nl {
-namespace {
-
-bool ParseInt(const std::string& s, int* out) {
-  if (s.empty() || s.size() > 9) return false;
-  for (char c : s)
-    if (c < '0' || c > '9') return false;
-  *out = std::atoi(s.c_str());
-  return true;
-}
-
-}  // namespace
-
 Result<CpuList> ParseCpuList(const std::string& text) {
   CpuList out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    std::string tok = text.substr(start, comma - start);
-    start = comma + 1;
-    if (tok.empty()) {
-      if (comma == text.size() && !out.empty()) break;
-      return Status::InvalidArgument("empty item in cpu list '" + text + "'");
-    }
-    int lo = 0, hi = 0;
+  const std::vector<std::string_view> items = SplitText(text, ',');
+  for (size_t k = 0; k < items.size(); ++k) {
+    const std::string_view tok = items[k];
+    if (tok.empty() && k + 1 == items.size() && k > 0) break;  // a trailing comma
     const size_t dash = tok.find('-');
-    const bool ok = dash == std::string::npos
-                        ? ParseInt(tok, &lo) && (hi = lo, true)
-                        : ParseInt(tok.substr(0, dash), &lo) && ParseInt(tok.substr(dash + 1), &hi);
-    if (!ok || hi < lo) {
-      return Status::InvalidArgument("bad item '" + tok + "' in cpu list '" + text + "'");
+    Result<int64_t> lo = ParseInt(tok.substr(0, dash), "cpu", 0, kMaxCpuIndex);
+    Result<int64_t> hi = dash == std::string_view::npos
+                             ? lo
+                             : ParseInt(tok.substr(dash + 1), "cpu", 0, kMaxCpuIndex);
+    if (!lo.ok() || !hi.ok() || *hi < *lo) {
+      std::string why;
+      if (!lo.ok() || !hi.ok()) {
+        const Status& st = lo.ok() ? hi.status() : lo.status();
+        if (st.message().find("out of range") != std::string::npos) {
+          why = " (cpu indices are 0.." + std::to_string(kMaxCpuIndex) + ")";
+        }
+      }
+      return Status::InvalidArgument(tok.empty() ? "empty item in cpu list '" + text + "'"
+                                                 : "bad item '" + std::string(tok) +
+                                                       "' in cpu list '" + text + "'" + why);
     }
-    for (int c = lo; c <= hi; ++c) out.push_back(c);
-    if (comma == text.size()) break;
+    for (int64_t c = *lo; c <= *hi; ++c) out.push_back(static_cast<int>(c));
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -11,7 +11,12 @@ namespace nl {
 
 using CpuList = std::vector<int>;  // sorted, unique OS indices
 
-// "0-3,8,10-11" -> {0,1,2,3,8,10,11}. Errors name the bad token.
+// The largest cpu index a list may name (hwloc and Linux allow more than
+// CPU_SETSIZE; no machine has this many).
+inline constexpr int kMaxCpuIndex = 65535;
+
+// "0-3,8,10-11" -> {0,1,2,3,8,10,11}. Errors name the bad token; indices
+// above kMaxCpuIndex are refused (so "0-999999999" allocates nothing).
 Result<CpuList> ParseCpuList(const std::string& text);
 // {0,1,2,3,8,10,11} -> "0-3,8,10-11"; empty -> "".
 std::string FormatCpuList(const CpuList& cpus);

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstdio>
 
+#include "formats/parse_number.h"
+
 namespace nl {
 
 std::string NormalizeBusId(const std::string& id) {
@@ -18,7 +20,8 @@ std::string NormalizeBusId(const std::string& id) {
   return buf;
 }
 
-Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const GpuOrderInputs& in) {
+Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const GpuOrderInputs& in,
+                                                   std::string* note) {
   std::vector<VisibleGpu> out;
   if (!in.cuda_bus_ids.empty()) {
     // The runtime already applied CUDA_VISIBLE_DEVICES and its own ordering.
@@ -53,13 +56,24 @@ Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const G
           "' is a UUID; without the CUDA driver it cannot be mapped to a PCI "
           "bus id (use indices, or run where the driver is present)");
     }
+    // CUDA ignores a non-numeric or out-of-range entry and all after it; a
+    // number too long for any integer is just another out-of-range index.
     bool numeric = !tok.empty();
     for (char c : tok) numeric = numeric && std::isdigit(static_cast<unsigned char>(c));
-    if (!numeric) break;  // CUDA ignores this entry and all after it
-    const size_t idx = std::stoul(tok);
-    if (idx >= pci.size() || used[idx]) break;
-    used[idx] = true;
-    out.push_back({static_cast<int>(out.size()), pci[idx]});
+    Result<uint64_t> idx = numeric ? ParseUint(tok, "index", 0, pci.size())
+                                   : Status::InvalidArgument("not an index");
+    if (!idx.ok() || *idx >= pci.size() || used[*idx]) {
+      if (note) {
+        *note = "CUDA_VISIBLE_DEVICES='" + list + "': entry '" + tok + "' is " +
+                (!idx.ok() || *idx >= pci.size()
+                     ? "not a GPU index (" + std::to_string(pci.size()) + " GPUs in PCI order)"
+                     : "listed twice") +
+                "; CUDA ignores it and every entry after it";
+      }
+      break;
+    }
+    used[*idx] = true;
+    out.push_back({static_cast<int>(out.size()), pci[*idx]});
   }
   return out;
 }

@@ -25,8 +25,11 @@ struct GpuOrderInputs {
   std::vector<std::string> cuda_bus_ids;  // from the CUDA runtime, by ordinal; empty without one
 };
 
-// Pure: the visible GPUs in CUDA ordinal order.
-Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const GpuOrderInputs& in);
+// Pure: the visible GPUs in CUDA ordinal order. When CUDA_VISIBLE_DEVICES
+// holds an entry that ends the list early (not an index of a GPU, or listed
+// twice), *note (if given) says which and why.
+Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const GpuOrderInputs& in,
+                                                   std::string* note = nullptr);
 
 // "0000:82:00.0" in lower case from any of CUDA's, NVML's or hwloc's spellings
 // ("00000000:82:00.0", "0000:82:00.0"). Empty if unparsable.

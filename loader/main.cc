@@ -12,9 +12,12 @@
 #include "formats/file_util.h"
 #include "formats/manifest.h"
 #include "formats/shard.h"
+#include "formats/parse_number.h"
 #include "loader/binding.h"
 #include "loader/cli_options.h"
 #include "loader/gpu_order.h"
+#include "loader/job_plan.h"
+#include "loader/sample_path.h"
 #include "loader/topology.h"
 
 namespace {
@@ -32,11 +35,8 @@ std::string Gib(uint64_t b) {
 }
 
 struct TopoArgs {
-  std::string topology_file;
-  int nproc = 0;
-  std::string gpus, cpu_affinity, numa_node;
-  int trainer_cores = 1;
-  bool allow_shared = false, no_bind = false, json = false;
+  nl::JobPlanRequest rq;
+  bool json = false;
 };
 
 void PrintMap(const nl::Topology& t, const std::vector<nl::VisibleGpu>& gpus,
@@ -100,55 +100,31 @@ nlohmann::json ToJson(const nl::Topology& t, const std::vector<nl::VisibleGpu>& 
   return j;
 }
 
-int Topo(const TopoArgs& a) {
-  nl::Result<nl::Topology> topo =
-      a.topology_file.empty() ? nl::Topology::Live() : nl::Topology::FromXmlFile(a.topology_file);
-  if (!topo.ok()) return Fail(topo.status());
-  nl::GpuOrderInputs in;
-  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) in.cuda_visible_devices = cvd;
-  std::string gpu_note;
-  if (a.topology_file.empty()) in.cuda_bus_ids = nl::QueryCudaBusIds(&gpu_note);
-  nl::Result<std::vector<nl::VisibleGpu>> gpus = nl::ResolveVisibleGpus(*topo, in);
-  if (!gpus.ok()) return Fail(gpus.status());
-
-  nl::PlanOptions o;
-  o.nproc = a.nproc > 0 ? a.nproc : std::max<int>(1, static_cast<int>(gpus->size()));
-  o.visible_gpus = *gpus;
-  o.trainer_cores = a.trainer_cores;
-  o.allow_shared_cores = a.allow_shared;
-  o.no_bind = a.no_bind;
-  if (!a.gpus.empty()) {
-    auto l = nl::ParseIntList(a.gpus, "--gpus");
-    if (!l.ok()) return Fail(l.status());
-    o.rank_gpu = *l;
-  }
-  if (!a.numa_node.empty()) {
-    auto l = nl::ParseIntList(a.numa_node, "--numa-node");
-    if (!l.ok()) return Fail(l.status());
-    o.numa_node = *l;
-  }
-  if (!a.cpu_affinity.empty()) {
-    auto l = nl::ParseCpuAffinity(a.cpu_affinity);
-    if (!l.ok()) return Fail(l.status());
-    o.cpu_affinity = *l;
-  }
-  nl::Result<nl::BindingPlan> plan = nl::Plan(*topo, o);
-  if (!plan.ok()) return Fail(plan.status());
+int Topo(TopoArgs a) {
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.rq.cuda_visible_devices = cvd;
+  nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.rq);
+  if (!job.ok()) return Fail(job.status());
   if (a.json) {
-    std::cout << ToJson(*topo, *gpus, *plan).dump() << "\n";
+    nlohmann::json j = ToJson(job->topology, job->gpus, job->plan);
+    j["notes"] = job->notes;
+    std::cout << j.dump() << "\n";
     return 0;
   }
-  PrintMap(*topo, *gpus, gpu_note);
-  std::printf("\nbinding plan for %d local rank%s:\n", o.nproc, o.nproc == 1 ? "" : "s");
-  for (const nl::RankPlan& r : plan->ranks) {
+  PrintMap(job->topology, job->gpus, job->gpu_note);
+  const size_t n = job->plan.ranks.size();
+  std::printf("\nbinding plan for %zu local rank%s:\n", n, n == 1 ? "" : "s");
+  for (const nl::RankPlan& r : job->plan.ranks) {
     std::printf("%s\n    because: %s\n", nl::PlanLine(r.local_rank, r).c_str(), r.reason.c_str());
   }
+  for (const std::string& note : job->notes) std::printf("note: %s\n", note.c_str());
   return 0;
 }
 
+// What one preview may write (its contact sheet is one image).
+constexpr uint32_t kMaxPreviewSamples = 1024;
+
 struct PreviewArgs {
   std::string data, split = "train", indices, out, grid;
-  bool augment = false;
   uint64_t epoch = 0, seed = 0, batch = 0;
   uint32_t batch_size = 16;
   nl::TransformConfig transform;
@@ -159,7 +135,6 @@ struct PreviewArgs {
 int Preview(PreviewArgs a) {
   nl::Status st = nl::FinishTransformOptions(a.flags, &a.transform);
   if (!st.ok()) return Fail(st);
-  a.transform.train = a.augment;
   a.transform.seed = a.seed;
   a.transform.layout = nl::Layout::kNHWC;
   a.transform.normalize = false;
@@ -169,8 +144,14 @@ int Preview(PreviewArgs a) {
   if (!reader.ok()) return Fail(reader.status());
   std::vector<uint64_t> indices;
   if (!a.indices.empty()) {
-    nl::Result<std::vector<int>> l = nl::ParseIntList(a.indices, "--indices");
+    nl::Result<std::vector<int64_t>> l = nl::ParseIntList(
+        a.indices, "--indices", 0, static_cast<int64_t>((*reader)->size()) - 1);
     if (!l.ok()) return Fail(l.status());
+    if (l->size() > kMaxPreviewSamples) {
+      return Fail(nl::Status::InvalidArgument("--indices lists " + std::to_string(l->size()) +
+                                              " samples; preview writes at most " +
+                                              std::to_string(kMaxPreviewSamples)));
+    }
     indices.assign(l->begin(), l->end());
   } else {
     if (a.grid.empty())
@@ -191,13 +172,11 @@ int Preview(PreviewArgs a) {
     st = nl::MakeDirs(a.out);
     if (!st.ok()) return Fail(st);
   }
-  nl::SampleTransform t(a.transform);
+  nl::SamplePath sample_path(**reader, a.transform, nl::DecodeLimits{});
   const int s = a.transform.image_size;
-  auto txn = (*reader)->BeginRead();
-  nl::DecodeLimits limits;
-  nl::Image decoded, sample;
+  nl::Image sample;
   sample.width = sample.height = static_cast<uint32_t>(s);
-  sample.pixels.resize(t.SampleBytes());
+  sample.pixels.resize(sample_path.sample_bytes());
   const int cols = static_cast<int>(std::ceil(std::sqrt(static_cast<double>(indices.size()))));
   const int rows = (static_cast<int>(indices.size()) + cols - 1) / cols, gap = 2;
   nl::Image grid;
@@ -206,16 +185,9 @@ int Preview(PreviewArgs a) {
   grid.pixels.assign(size_t{grid.width} * grid.height * 3, 255);
   for (size_t k = 0; k < indices.size(); ++k) {
     const uint64_t i = indices[k];
-    nl::Result<nl::RecordView> rec = txn.Read(i);
-    if (!rec.ok()) return Fail(rec.status());
-    const uint8_t* rgb = rec->payload.data();
-    if (rec->header.encoding != nl::Encoding::kRaw) {
-      st = nl::DecodeImageInto(rec->payload, limits, &decoded);
-      if (!st.ok()) return Fail(st.WithContext((*reader)->Where(i)));
-      rgb = decoded.pixels.data();
-    }
-    t.Apply(rgb, static_cast<int>(rec->header.width), static_cast<int>(rec->header.height), a.epoch,
-            i, sample.pixels.data());
+    int64_t label = 0;
+    st = sample_path.Load(a.epoch, i, sample.pixels.data(), &label);
+    if (!st.ok()) return Fail(st);
     if (!a.out.empty()) {
       nl::Result<std::vector<uint8_t>> png = nl::EncodePng(sample, 3);
       if (!png.ok()) return Fail(png.status());
@@ -238,7 +210,7 @@ int Preview(PreviewArgs a) {
   }
   std::printf(
       "wrote %zu sample%s (%s, %dx%d)%s%s%s%s\n", indices.size(), indices.size() == 1 ? "" : "s",
-      a.augment ? ("train transform, epoch " + std::to_string(a.epoch)).c_str() : "eval transform",
+      a.transform.train ? ("train transform, epoch " + std::to_string(a.epoch)).c_str() : "eval transform",
       s, s, a.out.empty() ? "" : " to ", a.out.c_str(), a.grid.empty() ? "" : ", grid ",
       a.grid.c_str());
   return 0;
@@ -251,20 +223,25 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   TopoArgs t;
   auto* topo = app.add_subcommand("topo", "Show the GPU/NUMA/CPU map and the binding plan");
-  topo->add_option("--topology", t.topology_file, "An hwloc XML file instead of this machine");
-  topo->add_option("--nproc-per-node", t.nproc,
-                   "Local ranks (default: one per visible GPU, at least 1)");
-  topo->add_option("--gpus", t.gpus,
+  topo->add_option("--topology", t.rq.topology_file, "An hwloc XML file instead of this machine");
+  topo->add_option("--nproc-per-node", t.rq.nproc,
+                   "Local ranks, 1.." + std::to_string(nl::kMaxLocalRanks) +
+                       " (default: one per visible GPU, at least 1)")
+      ->check(CLI::Range(1, nl::kMaxLocalRanks));
+  topo->add_option("--gpus", t.rq.gpus,
                    "GPU index of each local rank, e.g. 0,2 (default: rank i uses GPU i)");
-  topo->add_option("--trainer-cores", t.trainer_cores, "Cores reserved for each trainer rank")
+  topo->add_option("--trainer-cores", t.rq.trainer_cores, "Cores reserved for each trainer rank")
+      ->check(CLI::Range(1, nl::kMaxCpuIndex))
       ->capture_default_str();
-  topo->add_option("--cpu-affinity", t.cpu_affinity,
+  topo->add_option("--cpu-affinity", t.rq.cpu_affinity,
                    "One cpu list per local rank: \"0-9,44-53;10-21,54-65\"");
-  topo->add_option("--numa-node", t.numa_node,
+  topo->add_option("--numa-node", t.rq.numa_node,
                    "NUMA node of each local rank (or one for all), e.g. 0,0,1,1");
-  topo->add_flag("--allow-shared-cores", t.allow_shared,
+  topo->add_flag("--allow-shared-cores", t.rq.allow_shared_cores,
                  "Let ranks share cores when a node has too few");
-  topo->add_flag("--no-bind", t.no_bind, "A plan that binds nothing");
+  topo->add_flag("--ignore-gpus", t.rq.ignore_gpus,
+                 "Plan as if no GPU were visible (ranks round-robin over NUMA nodes)");
+  topo->add_flag("--no-bind", t.rq.no_bind, "A plan that binds nothing");
   topo->add_flag("--json", t.json, "Print the map and plan as one JSON object");
 
   PreviewArgs pv;
@@ -279,8 +256,8 @@ int main(int argc, char** argv) {
   preview->add_option("--batch", pv.batch, "With --grid and no --indices: which batch of the epoch")
       ->capture_default_str();
   preview->add_option("--batch-size", pv.batch_size, "With --grid and no --indices: its size")
+      ->check(CLI::Range(1u, kMaxPreviewSamples))
       ->capture_default_str();
-  preview->add_flag("--augment", pv.augment, "The train transform instead of the eval one");
   preview->add_option("--epoch", pv.epoch, "Epoch (augmentation and batch order depend on it)")
       ->capture_default_str();
   preview->add_option("--seed", pv.seed, "Seed")->capture_default_str();

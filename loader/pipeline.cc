@@ -1,46 +1,55 @@
 #include "loader/pipeline.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "formats/manifest.h"
 #include "formats/shard.h"
+#include "formats/worker_pool.h"
+#include "loader/sample_path.h"
 
 namespace nl {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-uint64_t NanosSince(Clock::time_point t) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
-}
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-HeapBuffers::HeapBuffers(size_t count, uint32_t batch_size, size_t sample_bytes) {
+Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t batch_size,
+                                                         size_t sample_bytes) {
+  std::unique_ptr<HeapBuffers> hb(new HeapBuffers());
   const size_t pixels = RoundUp(batch_size * sample_bytes, 4096);
   const size_t meta = RoundUp(batch_size * sizeof(int64_t), 64);
-  bytes_ = pixels + 2 * meta;
+  hb->bytes_ = pixels + 2 * meta + RoundUp(sizeof(BatchMeta), 64);
   // Huge pages where the kernel offers them (fewer TLB misses while workers
   // write 150 KB per sample); 2 MiB alignment lets it use them.
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t align = bytes_ >= kHuge ? kHuge : 4096;
+  const size_t align = hb->bytes_ >= kHuge ? kHuge : 4096;
+  const size_t size = RoundUp(hb->bytes_, align);
   for (size_t i = 0; i < count; ++i) {
     // Not touched here: the workers' first writes place the pages.
-    void* p = std::aligned_alloc(align, RoundUp(bytes_, align));
-    if (!p) throw std::bad_alloc();
-    if (align == kHuge) (void)madvise(p, RoundUp(bytes_, align), MADV_HUGEPAGE);
+    void* p = std::aligned_alloc(align, size);
+    if (!p) {
+      return Status::ResourceExhausted(
+          "cannot allocate batch buffer " + std::to_string(i + 1) + " of " +
+          std::to_string(count) + " (" + std::to_string(size) +
+          " bytes each; lower --prefetch, --batch-size or --image-size)");
+    }
+    if (align == kHuge) (void)madvise(p, size, MADV_HUGEPAGE);
     auto* base = static_cast<uint8_t*>(p);
-    memory_.emplace_back(p);
-    buffers_.push_back({base, reinterpret_cast<int64_t*>(base + pixels),
-                        reinterpret_cast<int64_t*>(base + pixels + meta)});
+    hb->memory_.emplace_back(p);
+    hb->buffers_.push_back({base, reinterpret_cast<int64_t*>(base + pixels),
+                            reinterpret_cast<int64_t*>(base + pixels + meta),
+                            reinterpret_cast<BatchMeta*>(base + pixels + 2 * meta)});
   }
+  return hb;
 }
 
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
@@ -88,7 +97,8 @@ struct Pipeline::Impl {
   double wait_s = 0, ready_sum = 0;  // guarded by mu
   uint64_t delivered = 0;            // guarded by mu
   Clock::time_point start = Clock::now();
-  std::vector<std::jthread> workers;
+  bool in_next = false;  // guarded by mu: a consumer is inside Next()
+  std::unique_ptr<WorkerPool> pool;
 
   std::pair<uint64_t, uint64_t> EpochBatch(uint64_t g) const {
     const uint64_t pos = c.start_batch + g;
@@ -122,45 +132,40 @@ struct Pipeline::Impl {
     s.seq.store(g, std::memory_order_release);
   }
 
-  struct Worker {
-    SplitReader::ReadTxn txn;
-    SampleTransform transform;
-    Image decoded;
-    WorkerStats* stats;
-  };
-
-  Status LoadSample(Worker& w, uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label) {
-    auto t0 = Clock::now();
-    RecordLimits rl;
-    rl.max_pixels = c.limits.max_pixels;
-    NL_ASSIGN_OR_RETURN(RecordView rec, w.txn.Read(index, rl));
-    w.stats->read_ns += NanosSince(t0);
-    const uint8_t* rgb = rec.payload.data();
-    if (rec.header.encoding != Encoding::kRaw) {
-      auto t1 = Clock::now();
-      Status st = DecodeImageInto(rec.payload, c.limits, &w.decoded);
-      if (st.ok() &&
-          (w.decoded.width != rec.header.width || w.decoded.height != rec.header.height)) {
-        st = Status::Corruption("image decodes to " + std::to_string(w.decoded.width) + "x" +
-                                std::to_string(w.decoded.height) + " but the record says " +
-                                std::to_string(rec.header.width) + "x" +
-                                std::to_string(rec.header.height));
-      }
-      if (!st.ok()) return st.WithContext(reader->Where(index));
-      rgb = w.decoded.pixels.data();
-      w.stats->decode_ns += NanosSince(t1);
-    }
-    auto t2 = Clock::now();
-    w.transform.Apply(rgb, static_cast<int>(rec.header.width), static_cast<int>(rec.header.height),
-                      epoch, index, dst);
-    w.stats->transform_ns += NanosSince(t2);
-    *label = rec.header.label;
+  // One sample into its slot; the time of each step goes to this worker's stats.
+  Status LoadSample(SamplePath& path, WorkerStats& ws, uint64_t epoch, uint64_t index,
+                    uint8_t* dst, int64_t* label) {
+    SampleTimes t;
+    NL_RETURN_IF_ERROR(path.Load(epoch, index, dst, label, &t));
+    ws.read_ns.fetch_add(t.read_ns, std::memory_order_relaxed);
+    ws.decode_ns.fetch_add(t.decode_ns, std::memory_order_relaxed);
+    ws.transform_ns.fetch_add(t.transform_ns, std::memory_order_relaxed);
     return Status::Ok();
   }
 
-  void RunWorker(int id) {
-    if (c.thread_start) c.thread_start(id);
-    Worker w{reader->BeginRead(), SampleTransform(c.transform), Image{}, wstats[id].get()};
+  // A worker's failure (an exception, a thread that could not start) stops
+  // the run; Next() returns it.
+  void Fail(const Status& st) {
+    {
+      std::lock_guard lock(mu);
+      if (failure.ok()) failure = st;
+      stop = true;
+    }
+    work_cv.notify_all();
+    ready_cv.notify_all();
+  }
+
+  // The last worker to finish batch g describes it in its buffer.
+  void WriteMeta(uint64_t g) {
+    BatchMeta* meta = buffers->buffer(g % depth).meta;
+    if (!meta) return;
+    const auto [epoch, b] = EpochBatch(g);
+    *meta = BatchMeta{g, epoch, b, LengthOf(g), 0};
+  }
+
+  Status RunWorker(int id) {
+    SamplePath path(*reader, c.transform, c.limits);
+    WorkerStats& ws = *wstats[id];
     const uint32_t bsz = c.batch_size;
     // This worker's copy of the current epoch's list: the shared cache (and
     // its lock) is consulted only when the epoch changes.
@@ -170,7 +175,7 @@ struct Pipeline::Impl {
       const uint64_t s = next_sample.fetch_add(1, std::memory_order_relaxed);
       const uint64_t g = s / bsz;
       const uint32_t j = static_cast<uint32_t>(s % bsz);
-      if (total && g >= total) return;
+      if (total && g >= total) return Status::Ok();
       // Claims past the end of a short batch carry no work. They must not wait
       // for the slot: the batch may already be delivered and its slot reused.
       if (j >= LengthOf(g)) continue;
@@ -179,7 +184,7 @@ struct Pipeline::Impl {
         std::unique_lock lock(mu);
         work_cv.wait(lock,
                      [&] { return stop.load() || slot.seq.load(std::memory_order_acquire) == g; });
-        if (stop.load()) return;
+        if (stop.load()) return Status::Ok();
       }
       const auto [epoch, b] = EpochBatch(g);
       if (epoch != list_epoch) {
@@ -193,17 +198,17 @@ struct Pipeline::Impl {
       for (uint64_t attempt = 0; attempt < n; ++attempt) {
         const uint64_t index = (*list)[(b * bsz + j + attempt) % n];
         int64_t label = 0;
-        Status st = LoadSample(w, epoch, index, dst, &label);
+        Status st = LoadSample(path, ws, epoch, index, dst, &label);
         if (st.ok()) {
           buf.labels[j] = label;
           buf.indices[j] = static_cast<int64_t>(index);
-          w.stats->images.fetch_add(1, std::memory_order_relaxed);
+          ws.images.fetch_add(1, std::memory_order_relaxed);
           err = Status::Ok();
           break;
         }
         err = st;
         if (c.on_bad_record == OnBadRecord::kError) break;
-        w.stats->skipped.fetch_add(1, std::memory_order_relaxed);  // replaced by the next sample
+        ws.skipped.fetch_add(1, std::memory_order_relaxed);  // replaced by the next sample
       }
       if (!err.ok()) {
         std::lock_guard lock(mu);
@@ -216,6 +221,7 @@ struct Pipeline::Impl {
         }
       }
       if (slot.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        WriteMeta(g);
         {
           std::lock_guard lock(mu);
           slot.ready = true;
@@ -223,8 +229,43 @@ struct Pipeline::Impl {
         ready_cv.notify_all();
       }
     }
+    return Status::Ok();
   }
 };
+
+namespace {
+
+Status CheckCounts(const PipelineConfig& c) {
+  if (c.threads < 1 || c.threads > WorkerPool::kMaxThreads) {
+    return Status::InvalidArgument("loader threads must be 1.." +
+                                   std::to_string(WorkerPool::kMaxThreads) + " (asked for " +
+                                   std::to_string(c.threads) + ")");
+  }
+  if (c.prefetch < 1 || c.prefetch > kMaxPrefetch) {
+    return Status::InvalidArgument("--prefetch must be 1.." + std::to_string(kMaxPrefetch) +
+                                   " (asked for " + std::to_string(c.prefetch) + ")");
+  }
+  if (c.batch_size < 1) return Status::InvalidArgument("--batch-size must be at least 1");
+  return Status::Ok();
+}
+
+// The batch buffers must fit in this machine's memory (checked before
+// anything is allocated, so an absurd request is an error, not a swap storm).
+Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return Status::Ok();
+  const double want = static_cast<double>(count) * batch_size * sample_bytes;
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (want <= have / 2) return Status::Ok();
+  char msg[256];
+  std::snprintf(msg, sizeof msg,
+                "%u batch buffers of %u samples x %zu bytes need %.1f GiB, more than half of "
+                "this machine's %.1f GiB: lower --prefetch, --batch-size or --image-size",
+                count, batch_size, sample_bytes, want / (1ull << 30), have / (1ull << 30));
+  return Status::ResourceExhausted(msg);
+}
+
+}  // namespace
 
 Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -235,7 +276,7 @@ Pipeline::~Pipeline() {
   }
   impl_->work_cv.notify_all();
   impl_->ready_cv.notify_all();
-  impl_->workers.clear();  // joins
+  impl_->pool.reset();  // joins
 }
 
 Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
@@ -243,8 +284,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   Impl& m = *impl;
   m.c = config;
   m.c.transform.seed = config.seed;
-  if (m.c.threads == 0) return Status::InvalidArgument("the loader needs at least 1 thread");
-  if (m.c.prefetch == 0) return Status::InvalidArgument("--prefetch must be at least 1");
+  NL_RETURN_IF_ERROR(CheckCounts(config));
   NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
   NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
   SamplerConfig sc;
@@ -267,6 +307,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   m.total = config.epochs ? config.epochs * m.bpe - config.start_batch : 0;
   m.sample_bytes = SampleTransform(m.c.transform).SampleBytes();
   m.depth = config.prefetch;
+  NL_RETURN_IF_ERROR(CheckBufferMemory(m.depth, config.batch_size, m.sample_bytes));
   if (config.buffers) {
     if (config.buffers->count() < m.depth) {
       return Status::InvalidArgument("the buffer source has " +
@@ -275,14 +316,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
     }
     m.buffers = config.buffers;
   } else {
-    try {
-      m.own_buffers = std::make_unique<HeapBuffers>(m.depth, config.batch_size, m.sample_bytes);
-    } catch (const std::bad_alloc&) {
-      return Status::ResourceExhausted("cannot allocate " + std::to_string(m.depth) +
-                                       " batch buffers of " +
-                                       std::to_string(config.batch_size * m.sample_bytes) +
-                                       " bytes (lower --prefetch, --batch-size or --image-size)");
-    }
+    NL_ASSIGN_OR_RETURN(m.own_buffers,
+                        HeapBuffers::Create(m.depth, config.batch_size, m.sample_bytes));
     m.buffers = m.own_buffers.get();
   }
   m.slots.reset(new Impl::Slot[m.depth]);
@@ -294,21 +329,28 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
     m.wstats.push_back(std::make_unique<Impl::WorkerStats>());
   m.start = Clock::now();
   Impl* raw = impl.get();
-  for (uint32_t i = 0; i < config.threads; ++i) {
-    m.workers.emplace_back([raw, i] { raw->RunWorker(static_cast<int>(i)); });
-  }
+  WorkerPool::Options po;
+  po.threads = config.threads;
+  po.name = "loader worker";
+  po.on_start = config.thread_start;
+  po.on_error = [raw](const Status& st) { raw->Fail(st); };
+  NL_ASSIGN_OR_RETURN(m.pool, WorkerPool::Start(po, [raw](int w) { return raw->RunWorker(w); }));
   return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
 }
 
 Result<BatchView> Pipeline::Next() {
   Impl& m = *impl_;
   std::unique_lock lock(m.mu);
+  if (m.in_next) {
+    return Status::FailedPrecondition(
+        "Next() called while another Next() is waiting: one consumer thread at a time");
+  }
   if (!m.failure.ok()) return m.failure;
   if (m.total && m.next_deliver >= m.total) {
     return Status::OutOfRange("end of the run (" + std::to_string(m.total) + " batches)");
   }
   if (m.held >= m.depth) {
-    return Status::InvalidArgument(
+    return Status::FailedPrecondition(
         "all " + std::to_string(m.depth) +
         " batch buffers are held by the consumer: Release() one before Next()");
   }
@@ -316,10 +358,13 @@ Result<BatchView> Pipeline::Next() {
   Impl::Slot& slot = m.slots[g % m.depth];
   for (uint32_t i = 0; i < m.depth; ++i) m.ready_sum += m.slots[i].ready ? 1 : 0;
   const auto t0 = Clock::now();
+  m.in_next = true;
   m.ready_cv.wait(lock, [&] {
     return m.stop.load() || (slot.seq.load(std::memory_order_acquire) == g && slot.ready);
   });
+  m.in_next = false;
   m.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!m.failure.ok()) return m.failure;
   if (m.stop.load() && !(slot.seq.load() == g && slot.ready))
     return Status::Aborted("the loader was stopped");
   if (!slot.error.ok()) {
@@ -347,7 +392,7 @@ Result<BatchView> Pipeline::Next() {
   return v;
 }
 
-void Pipeline::Release(const BatchView& view) {
+Status Pipeline::Release(const BatchView& view) {
   Impl& m = *impl_;
   {
     std::lock_guard lock(m.mu);
@@ -355,11 +400,15 @@ void Pipeline::Release(const BatchView& view) {
     // twice (or a stale view) must not hand the buffer to another batch while
     // workers may be writing it.
     Impl::Slot& slot = m.slots[view.sequence % m.depth];
-    if (slot.seq.load(std::memory_order_relaxed) != view.sequence || !slot.delivered) return;
+    if (slot.seq.load(std::memory_order_relaxed) != view.sequence || !slot.delivered) {
+      return Status::InvalidArgument("Release() of batch " + std::to_string(view.sequence) +
+                                     ", which is not held (released twice, or never delivered)");
+    }
     --m.held;
     m.Assign(view.sequence + m.depth);
   }
   m.work_cv.notify_all();
+  return Status::Ok();
 }
 
 PipelineStats Pipeline::Stats() const {

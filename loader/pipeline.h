@@ -8,16 +8,34 @@
 //     Result<BatchView> b = p->Next();          // OutOfRange at the end of the run
 //     if (!b.ok()) break;
 //     Train(b->pixels, b->labels, b->size);
-//     p->Release(*b);                           // the buffer goes back to the pool
+//     NL_RETURN_IF_ERROR(p->Release(*b));       // the buffer goes back to the pool
 //   }
 //
 // At most `prefetch` batches are in flight (back-pressure when the consumer
 // is slow). Each sample is read by key from the shard set (opened once per
 // process, one LMDB read transaction per worker), decoded and transformed by
-// the worker that writes it straight into its batch buffer. Buffers come
-// from a BufferSource: heap memory by default (first touched by the bound
-// workers, so its pages land on their NUMA node), or the caller's (the
-// shared-memory ring).
+// the worker that writes it straight into its batch buffer (SamplePath).
+//
+// The consumer's contract:
+// - One consumer thread at a time calls Next() and Release() (they may be
+//   different threads, one after the other, e.g. a training loop handing
+//   over); Next() entered while another Next() is in progress returns
+//   FailedPrecondition instead of handing the same batch out twice.
+// - Batch g (0, 1, ... over the run, BatchView::sequence) is written into
+//   buffer g % prefetch of the BufferSource, and only after batch
+//   g - prefetch has been released. A BufferSource must therefore give at
+//   least `prefetch` buffers, each at a fixed address for the pipeline's
+//   life, and must outlive the pipeline. Each buffer's meta block receives
+//   the batch's sequence, epoch, batch number and size before Next()
+//   delivers it (what a ring slot carries).
+// - A BatchView's pointers are valid until that batch is released; after
+//   Release() the workers may overwrite them at once. Releasing a batch that
+//   is not out (twice, never delivered, a stale view) is an InvalidArgument
+//   error and changes nothing. Batches may be released in any order.
+// - Buffers come from a BufferSource: heap memory by default (first touched
+//   by the bound workers, so its pages land on their NUMA node: each
+//   worker's start hook runs before it writes any buffer page), or the
+//   caller's (the shared-memory ring).
 #pragma once
 
 #include <atomic>
@@ -34,11 +52,21 @@
 
 namespace nl {
 
+// What a batch is, written beside its pixels (a ring slot carries it across
+// processes, so it is plain data).
+struct BatchMeta {
+  uint64_t sequence = 0;  // 0, 1, ... over the run
+  uint64_t epoch = 0, batch = 0;
+  uint32_t size = 0;  // samples in this batch
+  uint32_t reserved = 0;
+};
+
 // Where one batch lives: fixed addresses for the whole run.
 struct BatchBuffer {
   uint8_t* pixels = nullptr;   // batch_size * sample_bytes
   int64_t* labels = nullptr;   // batch_size
   int64_t* indices = nullptr;  // batch_size
+  BatchMeta* meta = nullptr;   // written by the pipeline before delivery; may be null
 };
 
 class BufferSource {
@@ -48,15 +76,18 @@ class BufferSource {
   virtual BatchBuffer buffer(size_t i) const = 0;
 };
 
-// `count` heap buffers, allocated once and never written here.
+// `count` heap buffers, allocated once and never written here (so the first
+// writer, a bound worker, places their pages).
 class HeapBuffers : public BufferSource {
  public:
-  HeapBuffers(size_t count, uint32_t batch_size, size_t sample_bytes);
+  static Result<std::unique_ptr<HeapBuffers>> Create(size_t count, uint32_t batch_size,
+                                                     size_t sample_bytes);
   size_t count() const override { return buffers_.size(); }
   BatchBuffer buffer(size_t i) const override { return buffers_[i]; }
   size_t bytes_per_buffer() const { return bytes_; }
 
  private:
+  HeapBuffers() = default;
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
@@ -64,6 +95,9 @@ class HeapBuffers : public BufferSource {
   std::vector<BatchBuffer> buffers_;
   size_t bytes_ = 0;
 };
+
+// Batches in flight one pipeline may be asked for.
+inline constexpr uint32_t kMaxPrefetch = 1024;
 
 enum class OnBadRecord { kError, kSkip };
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s);
@@ -73,8 +107,8 @@ struct PipelineConfig {
   std::string split = "train";
   int rank = 0, world = 1;
   uint32_t batch_size = 64;
-  uint32_t threads = 1;
-  uint32_t prefetch = 4;  // batches in flight; also the number of buffers
+  uint32_t threads = 1;   // 1..WorkerPool::kMaxThreads
+  uint32_t prefetch = 4;  // batches in flight, 1..kMaxPrefetch; also the number of buffers
   uint64_t seed = 0;
   bool shuffle = true;
   bool drop_last = false;        // sampler: trim instead of pad
@@ -84,7 +118,9 @@ struct PipelineConfig {
   TransformConfig transform;
   OnBadRecord on_bad_record = OnBadRecord::kError;
   DecodeLimits limits;
-  // Called first on each worker thread with its index (binding, naming).
+  // Called first on each worker thread with its index (binding, naming),
+  // before the worker touches any buffer. An exception from it stops the
+  // pipeline with an error (Next() returns it).
   std::function<void(int worker)> thread_start;
   // Optional: where batches live (at least `prefetch` buffers). Not owned.
   const BufferSource* buffers = nullptr;
@@ -117,12 +153,12 @@ class Pipeline {
   Pipeline& operator=(const Pipeline&) = delete;
 
   // The next batch, in order. OutOfRange at the end of the run; a bad record
-  // (default mode) is an error naming split, shard, index and reason, after
-  // which the pipeline is stopped.
+  // (default mode) or a worker's failure is an error naming what and where,
+  // after which the pipeline is stopped. FailedPrecondition when another
+  // Next() is in progress or every buffer is held; see the contract above.
   Result<BatchView> Next();
-  // Gives a delivered batch's buffer back. Batches may be released in any
-  // order; releasing one that is not out (twice, or a stale view) does nothing.
-  void Release(const BatchView& view);
+  // Gives a delivered batch's buffer back (see the contract above).
+  Status Release(const BatchView& view);
 
   PipelineStats Stats() const;
   const DistributedSampler& sampler() const;
