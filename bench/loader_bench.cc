@@ -247,7 +247,7 @@ int Run(Args a) {
   }
   json all;
   all["ranks"] = json::array();
-  double total = 0;
+  double total = 0, shortest = 1e300;
   int rc = 0;
   std::ofstream rec;
   if (!a.record_indices.empty()) rec.open(a.record_indices);
@@ -267,9 +267,13 @@ int Run(Args a) {
       j.erase("epoch_indices");
     }
     total += j.value("images_per_s", 0.0);
+    if (!j.contains("error")) shortest = std::min(shortest, j.value("seconds", 0.0));
     all["ranks"].push_back(j);
   }
   all["total_images_per_s"] = total;
+  // Rates from runs this short say more about start-up than about loading.
+  constexpr double kShortRunS = 0.5;
+  all["short_run"] = shortest < kShortRunS;
   all["image_size"] = a.pipeline.transform.image_size;
   all["batch_size"] = a.pipeline.batch_size;
   if (a.json_out) {
@@ -294,6 +298,12 @@ int Run(Args a) {
   std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n", total, a.ranks,
               a.ranks == 1 ? "" : "s", a.pipeline.transform.image_size,
               a.pipeline.transform.image_size, a.pipeline.batch_size);
+  if (shortest < kShortRunS) {
+    std::printf(
+        "note: a rank ran for only %.3f s: these rates are dominated by start-up; measure "
+        "longer (more --epochs, a larger split, fewer --ranks)\n",
+        shortest);
+  }
   return rc;
 }
 

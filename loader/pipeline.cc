@@ -347,6 +347,13 @@ Result<BatchView> Pipeline::Next() {
   }
   if (!m.failure.ok()) return m.failure;
   if (m.total && m.next_deliver >= m.total) {
+    // Every batch is out: the workers have nothing left to do. Join them, so
+    // that a worker that failed late (e.g. its start hook threw after the
+    // others had done all the work) is reported rather than lost.
+    m.stop = true;
+    lock.unlock();
+    m.work_cv.notify_all();
+    if (Status st = m.pool->Join(); !st.ok()) return st;
     return Status::OutOfRange("end of the run (" + std::to_string(m.total) + " batches)");
   }
   if (m.held >= m.depth) {
@@ -425,6 +432,7 @@ PipelineStats Pipeline::Stats() const {
   s.batches = m.delivered;
   s.wait_s = m.wait_s;
   s.mean_ready = m.delivered ? m.ready_sum / m.delivered : 0;
+  s.consumer_waiting = m.in_next;
   s.elapsed_s = std::chrono::duration<double>(Clock::now() - m.start).count();
   return s;
 }

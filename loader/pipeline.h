@@ -142,6 +142,7 @@ struct PipelineStats {
   double wait_s = 0;                                 // consumer time blocked in Next()
   double elapsed_s = 0;
   double mean_ready = 0;  // batches ready when Next() was called
+  bool consumer_waiting = false;  // a Next() call is waiting for its batch now
   double images_per_s() const { return elapsed_s > 0 ? images / elapsed_s : 0; }
 };
 

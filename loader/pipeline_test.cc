@@ -2,9 +2,15 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstring>
+#include <latch>
+#include <stdexcept>
+#include <thread>
 
 #include "formats/file_util.h"
 #include "formats/pack.h"
@@ -308,6 +314,188 @@ TEST(Pipeline, MissingDataIsAClearError) {
   Status s = Pipeline::Open(c).status();
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("manifest.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nl
+
+namespace nl {
+namespace {
+
+// Buffers the test owns (as the ring will): anonymous mappings, untouched
+// until a worker writes them.
+class MappedBuffers : public BufferSource {
+ public:
+  MappedBuffers(size_t count, uint32_t batch_size, size_t sample_bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    pixels_ = (batch_size * sample_bytes + page - 1) / page * page;
+    bytes_ = pixels_ + page;  // labels, indices, meta in the last page
+    for (size_t i = 0; i < count; ++i) {
+      void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      EXPECT_NE(p, MAP_FAILED);
+      maps_.push_back(static_cast<uint8_t*>(p));
+    }
+    batch_ = batch_size;
+  }
+  ~MappedBuffers() override {
+    for (uint8_t* p : maps_) munmap(p, bytes_);
+  }
+  size_t count() const override { return maps_.size(); }
+  BatchBuffer buffer(size_t i) const override {
+    uint8_t* base = maps_[i];
+    auto* labels = reinterpret_cast<int64_t*>(base + pixels_);
+    return {base, labels, labels + batch_, reinterpret_cast<BatchMeta*>(labels + 2 * batch_)};
+  }
+  // Pages of all buffers now resident (written, or read, by anyone).
+  size_t ResidentPages() const {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> v(bytes_ / page);
+    size_t n = 0;
+    for (uint8_t* p : maps_) {
+      EXPECT_EQ(mincore(p, bytes_, v.data()), 0);
+      for (unsigned char c : v) n += c & 1;
+    }
+    return n;
+  }
+
+ private:
+  std::vector<uint8_t*> maps_;
+  size_t pixels_ = 0, bytes_ = 0;
+  uint32_t batch_ = 0;
+};
+
+TEST(PipelineContract, CallerBuffersGetTheSameBatchesAndEachBuffersMetaDescribesIt) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 100);
+  PipelineConfig c = Config(dir, 2);
+  auto heap = Pipeline::Open(c);
+  ASSERT_TRUE(heap.ok());
+  const std::vector<Got> want = Drain(**heap);
+
+  MappedBuffers mine(c.prefetch, c.batch_size, (*heap)->sample_bytes());
+  c.buffers = &mine;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  std::vector<Got> got;
+  while (true) {
+    Result<BatchView> b = (*p)->Next();
+    if (!b.ok()) {
+      EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange);
+      break;
+    }
+    const BatchBuffer buf = mine.buffer(b->sequence % c.prefetch);
+    EXPECT_EQ(b->buffer, b->sequence % c.prefetch) << "batch g lives in buffer g % prefetch";
+    EXPECT_EQ(b->pixels, buf.pixels);
+    EXPECT_EQ(buf.meta->sequence, b->sequence);
+    EXPECT_EQ(buf.meta->epoch, b->epoch);
+    EXPECT_EQ(buf.meta->batch, b->batch);
+    EXPECT_EQ(buf.meta->size, b->size);
+    got.push_back({b->epoch, b->batch,
+                   std::vector<uint8_t>(b->pixels, b->pixels + b->size * (*p)->sample_bytes()),
+                   std::vector<int64_t>(b->labels, b->labels + b->size),
+                   std::vector<int64_t>(b->indices, b->indices + b->size)});
+    ASSERT_TRUE((*p)->Release(*b).ok());
+  }
+  EXPECT_EQ(got, want);
+}
+
+TEST(PipelineContract, TooFewCallerBuffersIsAnError) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 40);
+  PipelineConfig c = Config(dir, 1);
+  MappedBuffers two(2, c.batch_size, 40 * 40 * 3);
+  c.buffers = &two;
+  Status s = Pipeline::Open(c).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "the buffer source has 2 buffers for a prefetch of 3");
+}
+
+// The NUMA point of the project: a worker binds (in its start hook) before
+// it writes any page of a batch buffer, so first touch places the pages on
+// the bound node. A barrier in the hook holds every worker until all hooks
+// have run; its completion step sees whether any buffer page was touched.
+TEST(PipelineContract, EveryStartHookRunsBeforeAnyBufferPageIsWritten) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 64);
+  PipelineConfig c = Config(dir, 3);
+  MappedBuffers mine(c.prefetch, c.batch_size, 40 * 40 * 3);
+  ASSERT_EQ(mine.ResidentPages(), 0u);
+  size_t resident_when_all_hooked = SIZE_MAX;
+  std::barrier hooks(3, [&]() noexcept { resident_when_all_hooked = mine.ResidentPages(); });
+  c.buffers = &mine;
+  c.thread_start = [&](int) { hooks.arrive_and_wait(); };
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  Result<BatchView> b = (*p)->Next();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(resident_when_all_hooked, 0u);
+  EXPECT_GT(mine.ResidentPages(), 0u) << "the workers did write afterwards";
+}
+
+TEST(PipelineContract, AThrowingStartHookIsAnErrorFromNextNotTerminate) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 64);
+  PipelineConfig c = Config(dir, 2);
+  c.thread_start = [](int w) {
+    if (w == 1) throw std::runtime_error("hwloc: cannot bind to node 7");
+  };
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  Status s;
+  for (int i = 0; i < 100 && s.ok(); ++i) {  // batches worker 0 finished may come first
+    Result<BatchView> b = (*p)->Next();
+    s = b.status();
+    if (b.ok()) {
+      ASSERT_TRUE((*p)->Release(*b).ok());
+    }
+  }
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
+  EXPECT_NE(s.message().find("loader worker 1: exception: hwloc: cannot bind to node 7"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(PipelineContract, ASecondConcurrentNextIsRefusedNotGivenTheSameBatch) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 64);
+  PipelineConfig c = Config(dir, 1);
+  std::latch go(1);
+  c.thread_start = [&](int) { go.wait(); };  // no batch is ready until `go`
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  Result<BatchView> first = Status::Internal("not run");
+  std::thread consumer([&] { first = (*p)->Next(); });
+  while (!(*p)->Stats().consumer_waiting) std::this_thread::yield();
+  Result<BatchView> second = (*p)->Next();
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("one consumer thread at a time"), std::string::npos);
+  go.count_down();
+  consumer.join();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->sequence, 0u);
+  ASSERT_TRUE((*p)->Release(*first).ok());
+  Result<BatchView> next = (*p)->Next();
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->sequence, 1u);
+}
+
+TEST(PipelineContract, AbsurdCountsAreRefusedBeforeAllocating) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 20);
+  PipelineConfig c = Config(dir, 1);
+  c.threads = 2147483647;
+  EXPECT_NE(Pipeline::Open(c).status().message().find("loader threads must be 1..1024"),
+            std::string::npos);
+  c.threads = 1;
+  c.prefetch = 2147483647;
+  EXPECT_NE(Pipeline::Open(c).status().message().find("--prefetch must be 1..1024"),
+            std::string::npos);
+  c.prefetch = 1024;
+  c.batch_size = 1 << 20;
+  c.transform.image_size = 224;
+  Status s = Pipeline::Open(c).status();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("more than half of this machine's"), std::string::npos) << s.message();
 }
 
 }  // namespace

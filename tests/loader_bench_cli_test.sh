@@ -35,4 +35,30 @@ assert orders[0] != orders[1], "epochs should be shuffled differently"
 PYEOF
 expect_rc 1 "a missing shard set is an error" "$LB" --data "$W/none" --ranks 1
 expect_text "manifest.json" "the error names the manifest"
+
+# Absurd counts are refused at once (they used to fork or allocate until
+# memory ran out, or never return), each saying the bound.
+expect_rc 105 "--ranks 100000 is refused" timeout 60 "$LB" --data "$W/p" --ranks 100000
+expect_text "--ranks: Value 100000 not in range 1 to 1024" "--ranks states its bound"
+expect_rc 105 "--threads-per-rank 2147483647 is refused" timeout 60 "$LB" --data "$W/p" --threads-per-rank 2147483647
+expect_text "not in range 1 to 1024" "--threads-per-rank states its bound"
+expect_rc 105 "--prefetch 2147483647 is refused" timeout 60 "$LB" --data "$W/p" --prefetch 2147483647
+expect_rc 105 "--epochs 0 (it ran forever) is refused" timeout 60 "$LB" --data "$W/p" --epochs 0
+expect_rc 1 "--prefetch 1024 at batch 4096 is more memory than half the machine" \
+  timeout 60 "$LB" --data "$W/p" --prefetch 1024 --batch-size 4096
+expect_text "more than half of this machine's" "the memory error says why"
+
+# More ranks than allowed cores: an error, unless shared cores are asked for (then said).
+cores=$(nproc)
+expect_rc 1 "more ranks than cores needs --allow-shared-cores" timeout 60 "$LB" --data "$W/p" --ranks $((cores + 1)) --image-size 32
+expect_text "--allow-shared-cores" "the error names the way out"
+expect_rc 0 "--allow-shared-cores runs them" timeout 120 "$LB" --data "$W/p" --ranks $((cores + 1)) --allow-shared-cores --image-size 32
+expect_text "--allow-shared-cores: local rank" "the fallback is printed"
+
+# Train-transform flags were accepted and ignored; now they need --augment.
+expect_rc 1 "--pad-crop without --augment is refused" "$LB" --data "$W/p" --pad-crop 4
+expect_text "add --augment" "the error names the missing flag"
+expect_rc_stdout 0 "--augment --pad-crop 4 is applied" "$LB" --data "$W/p" --ranks 1 --augment --pad-crop 4 --image-size 32 --json
+expect_rc 0 "a run of a few images warns that its rate is start-up" "$LB" --data "$W/p" --ranks 1 --image-size 32 --batch-size 8
+expect_text "these rates are dominated by start-up" "short-run note"
 finish
