@@ -8,6 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -164,39 +167,31 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   return r;
 }
 
-int Run(Args a) {
-  nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
-  if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
-  if (!st.ok()) {
-    std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  // The same plan in the parent and in every rank process.
-  a.plan.nproc = a.ranks;
-  a.plan.no_bind = a.bind == "off";
-  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.plan.cuda_visible_devices = cvd;
-  nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.plan);
-  if (!job.ok()) {
-    std::fprintf(stderr, "loader_bench: error: %s\n", job.status().ToString().c_str());
-    return 1;
-  }
-  if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
-    if (a.child_rank >= a.ranks) return 2;
-    std::cout << RunRank(a, job->topology, job->plan.ranks[a.child_rank], job->plan.binds,
-                         a.child_rank)
-                     .dump()
-              << std::endl;
-    return 0;
-  }
-  for (const std::string& note : job->notes) std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
-  // One process per rank, each a fresh exec of this program (nothing of this
-  // process's threads or libraries' state is inherited); results come back
-  // as JSON over a pipe.
+// One process per rank, each a fresh exec of this program (nothing of this
+// process's threads or libraries' state is inherited), its stdout a pipe.
+struct RankProcesses {
   std::vector<pid_t> pids;
-  std::vector<int> fds;
+  std::vector<int> fds;  // read ends
+};
+
+// Stops and reaps the rank processes started so far (ours, by pid).
+void StopRanks(RankProcesses* p) {
+  for (pid_t pid : p->pids) kill(pid, SIGTERM);
+  for (int fd : p->fds) close(fd);
+  for (pid_t pid : p->pids) waitpid(pid, nullptr, 0);
+  p->pids.clear();
+  p->fds.clear();
+}
+
+nl::Result<RankProcesses> SpawnRanks(const Args& a) {
+  RankProcesses procs;
   for (int r = 0; r < a.ranks; ++r) {
     int p[2];
-    if (pipe(p) != 0) return 1;
+    if (pipe(p) != 0) {
+      const int e = errno;
+      StopRanks(&procs);
+      return nl::Status::FromErrno("cannot make a pipe for rank " + std::to_string(r), e);
+    }
     std::vector<std::string> args = a.argv;
     args.push_back("--child-rank");
     args.push_back(std::to_string(r));
@@ -212,74 +207,93 @@ int Run(Args a) {
     posix_spawn_file_actions_destroy(&fa);
     close(p[1]);
     if (rc != 0) {
-      std::fprintf(stderr, "loader_bench: error: cannot start rank %d: %s\n", r, std::strerror(rc));
       close(p[0]);
-      for (pid_t q : pids) waitpid(q, nullptr, 0);
-      return 1;
+      StopRanks(&procs);
+      return nl::Status::FromErrno("cannot start rank " + std::to_string(r), rc);
     }
-    pids.push_back(pid);
-    fds.push_back(p[0]);
+    procs.pids.push_back(pid);
+    procs.fds.push_back(p[0]);
   }
-  std::vector<std::string> outs(a.ranks);
-  std::vector<bool> open(a.ranks, true);
-  int left = a.ranks;
+  return procs;
+}
+
+// Reads every rank's output to its end (all at once, so no rank blocks on a full pipe).
+std::vector<std::string> ReadOutputs(const std::vector<int>& fds) {
+  std::vector<std::string> outs(fds.size());
+  std::vector<bool> open(fds.size(), true);
+  size_t left = fds.size();
   while (left > 0) {
     std::vector<pollfd> pf;
-    std::vector<int> which;
-    for (int r = 0; r < a.ranks; ++r)
-      if (open[r]) {
-        pf.push_back({fds[r], POLLIN, 0});
-        which.push_back(r);
-      }
+    std::vector<size_t> which;
+    for (size_t r = 0; r < fds.size(); ++r) {
+      if (!open[r]) continue;
+      pf.push_back({fds[r], POLLIN, 0});
+      which.push_back(r);
+    }
     if (poll(pf.data(), pf.size(), -1) < 0) continue;
     for (size_t k = 0; k < pf.size(); ++k) {
-      if (!(pf[k].revents & (POLLIN | POLLHUP))) continue;
+      if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[65536];
-      ssize_t n = read(fds[which[k]], buf, sizeof buf);
+      const ssize_t n = read(fds[which[k]], buf, sizeof buf);
       if (n > 0) {
         outs[which[k]].append(buf, static_cast<size_t>(n));
-      } else {
+      } else if (n == 0 || errno != EINTR) {
         open[which[k]] = false;
         close(fds[which[k]]);
         --left;
       }
     }
   }
+  return outs;
+}
+
+// Waits for each rank process and turns its output into its row.
+json RankResult(int rank, pid_t pid, const std::string& out) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || out.empty()) {
+    const std::string how = WIFSIGNALED(status)
+                                ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                : "exit status " + std::to_string(WEXITSTATUS(status));
+    return {{"rank", rank}, {"error", "rank process ended abnormally (" + how + ")"}};
+  }
+  json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return {{"rank", rank}, {"error", "rank process printed no JSON result"}};
+  }
+  return j;
+}
+
+// Rates from runs this short say more about start-up than about loading.
+constexpr double kShortRunS = 0.5;
+
+json Gather(const Args& a, const RankProcesses& procs, const std::vector<std::string>& outs) {
   json all;
   all["ranks"] = json::array();
   double total = 0, shortest = 1e300;
-  int rc = 0;
   std::ofstream rec;
   if (!a.record_indices.empty()) rec.open(a.record_indices);
   for (int r = 0; r < a.ranks; ++r) {
-    int status = 0;
-    waitpid(pids[r], &status, 0);
-    json j;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || outs[r].empty()) {
-      j = {{"rank", r},
-           {"error", "rank process ended abnormally (status " + std::to_string(status) + ")"}};
-    } else {
-      j = json::parse(outs[r]);
-    }
-    if (j.contains("error")) rc = 1;
+    json j = RankResult(r, procs.pids[r], outs[r]);
     if (j.contains("epoch_indices")) {
       for (const auto& e : j["epoch_indices"]) rec << e.dump() << "\n";
       j.erase("epoch_indices");
     }
-    total += j.value("images_per_s", 0.0);
-    if (!j.contains("error")) shortest = std::min(shortest, j.value("seconds", 0.0));
+    if (!j.contains("error")) {
+      total += j.value("images_per_s", 0.0);
+      shortest = std::min(shortest, j.value("seconds", 0.0));
+    }
     all["ranks"].push_back(j);
   }
   all["total_images_per_s"] = total;
-  // Rates from runs this short say more about start-up than about loading.
-  constexpr double kShortRunS = 0.5;
+  all["shortest_rank_s"] = shortest < 1e300 ? shortest : 0.0;
   all["short_run"] = shortest < kShortRunS;
   all["image_size"] = a.pipeline.transform.image_size;
   all["batch_size"] = a.pipeline.batch_size;
-  if (a.json_out) {
-    std::cout << all.dump() << "\n";
-    return rc;
-  }
+  return all;
+}
+
+void PrintTable(const Args& a, const json& all) {
   std::printf("%-4s %-6s %-14s %-4s %10s %9s %9s %9s %10s %6s %9s\n", "rank", "node", "loader cpus",
               "thr", "images/s", "MB/s", "wait ms", "wait p95", "cpu us/img", "cores", "anon MiB");
   for (const auto& j : all["ranks"]) {
@@ -295,14 +309,50 @@ int Run(Args a) {
                 j["cpu_us_per_image"].get<double>(), j["cores_used"].get<double>(),
                 j["rss_anon_mib"].get<double>());
   }
-  std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n", total, a.ranks,
-              a.ranks == 1 ? "" : "s", a.pipeline.transform.image_size,
-              a.pipeline.transform.image_size, a.pipeline.batch_size);
-  if (shortest < kShortRunS) {
+  std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n",
+              all["total_images_per_s"].get<double>(), a.ranks, a.ranks == 1 ? "" : "s",
+              a.pipeline.transform.image_size, a.pipeline.transform.image_size,
+              a.pipeline.batch_size);
+  if (all["short_run"].get<bool>()) {
     std::printf(
         "note: a rank ran for only %.3f s: these rates are dominated by start-up; measure "
         "longer (more --epochs, a larger split, fewer --ranks)\n",
-        shortest);
+        all["shortest_rank_s"].get<double>());
+  }
+}
+
+int Fail(const nl::Status& st) {
+  std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+int Run(Args a) {
+  nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
+  if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
+  if (!st.ok()) return Fail(st);
+  // The same plan in the parent and in every rank process.
+  a.plan.nproc = a.ranks;
+  a.plan.no_bind = a.bind == "off";
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.plan.cuda_visible_devices = cvd;
+  nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.plan);
+  if (!job.ok()) return Fail(job.status());
+  if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
+    if (a.child_rank >= a.ranks) return 2;
+    const nl::RankPlan& mine = job->plan.ranks[a.child_rank];
+    std::cout << RunRank(a, job->topology, mine, job->plan.binds, a.child_rank).dump()
+              << std::endl;
+    return 0;
+  }
+  for (const std::string& note : job->notes) std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
+  nl::Result<RankProcesses> procs = SpawnRanks(a);
+  if (!procs.ok()) return Fail(procs.status());
+  const json all = Gather(a, *procs, ReadOutputs(procs->fds));
+  int rc = 0;
+  for (const auto& j : all["ranks"]) rc = j.contains("error") ? 1 : rc;
+  if (a.json_out) {
+    std::cout << all.dump() << "\n";
+  } else {
+    PrintTable(a, all);
   }
   return rc;
 }
@@ -345,9 +395,5 @@ int main(int argc, char** argv) {
       ->group("");
   CLI11_PARSE(app, argc, argv);
   a.argv.assign(argv, argv + argc);
-  if (a.ranks < 1) {
-    std::fprintf(stderr, "loader_bench: error: --ranks must be at least 1\n");
-    return 1;
-  }
   return Run(a);
 }

@@ -73,9 +73,8 @@ int NodeOfCpus(const Topology& topo, const CpuList& cpus) {
   return best;
 }
 
-}  // namespace
-
-Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
+// Option combinations that cannot be planned, before anything is computed.
+Status CheckOptions(const PlanOptions& o) {
   if (o.nproc < 1 || o.nproc > kMaxLocalRanks) {
     return Status::InvalidArgument("local ranks must be 1.." + std::to_string(kMaxLocalRanks) +
                                    " (asked for " + std::to_string(o.nproc) + ")");
@@ -84,12 +83,13 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
     return Status::InvalidArgument("--trainer-cores must be 1.." + std::to_string(kMaxCpuIndex) +
                                    " (asked for " + std::to_string(o.trainer_cores) + ")");
   }
+  return Status::Ok();
+}
+
+// Step 1: each rank's GPU (CUDA ordinal and bus id).
+Status AssignGpus(const PlanOptions& o, BindingPlan* plan) {
   const int n = o.nproc;
   const auto& gpus = o.visible_gpus;
-  BindingPlan plan;
-  plan.ranks.resize(n);
-
-  // 1. GPUs.
   if (!o.rank_gpu.empty() && static_cast<int>(o.rank_gpu.size()) != n) {
     return Status::InvalidArgument("--gpus lists " + std::to_string(o.rank_gpu.size()) +
                                    " GPUs for " + std::to_string(n) + " local ranks");
@@ -99,7 +99,7 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
                                    std::to_string(gpus.size()) + " visible GPUs");
   }
   for (int r = 0; r < n; ++r) {
-    RankPlan& rp = plan.ranks[r];
+    RankPlan& rp = plan->ranks[r];
     rp.local_rank = r;
     if (gpus.empty()) {
       if (!o.rank_gpu.empty()) return Status::InvalidArgument("--gpus given but no GPU is visible");
@@ -114,13 +114,13 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
     rp.gpu = gpus[g].index;
     rp.pci_bus_id = gpus[g].gpu.pci_bus_id;
   }
-  if (o.no_bind) {
-    plan.binds = false;
-    for (RankPlan& rp : plan.ranks) rp.reason = "binding disabled (--no-bind)";
-    return plan;
-  }
+  return Status::Ok();
+}
 
-  // 2. Nodes.
+// Step 2: each rank's NUMA node and memory node, with the reason.
+Status AssignNodes(const Topology& topo, const PlanOptions& o, BindingPlan* plan) {
+  const int n = o.nproc;
+  const auto& gpus = o.visible_gpus;
   if (!o.numa_node.empty() && o.numa_node.size() != 1 &&
       static_cast<int>(o.numa_node.size()) != n) {
     return Status::InvalidArgument("--numa-node lists " + std::to_string(o.numa_node.size()) +
@@ -136,7 +136,7 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
   if (with_cores.empty()) return Status::InvalidArgument("no allowed cores on any NUMA node");
 
   for (int r = 0; r < n; ++r) {
-    RankPlan& rp = plan.ranks[r];
+    RankPlan& rp = plan->ranks[r];
     if (!o.numa_node.empty()) {
       rp.numa_node = o.numa_node.size() == 1 ? o.numa_node[0] : o.numa_node[r];
       if (!topo.FindNode(rp.numa_node)) {
@@ -168,30 +168,38 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
     rp.mem_node = rp.numa_node;
   }
 
-  // 3. Cores.
-  if (!o.cpu_affinity.empty()) {
-    for (int r = 0; r < n; ++r) {
-      RankPlan& rp = plan.ranks[r];
-      const CpuList& want = o.cpu_affinity[r];
-      if (want.empty())
-        return Status::InvalidArgument("--cpu-affinity for local rank " + std::to_string(r) +
-                                       " is empty");
-      CpuList outside;
-      for (int c : want)
-        if (!std::binary_search(topo.allowed_pus().begin(), topo.allowed_pus().end(), c))
-          outside.push_back(c);
-      if (!outside.empty()) {
-        return Status::InvalidArgument(
-            "--cpu-affinity for local rank " + std::to_string(r) + " uses cpus " +
-            FormatCpuList(outside) +
-            " that this process may not use (allowed: " + FormatCpuList(topo.allowed_pus()) + ")");
-      }
-      SplitSlice(CoresOf(topo, want), o.trainer_cores, &rp);
+  return Status::Ok();
+}
+
+// Step 3, with --cpu-affinity: the user's cpus, checked against the allowed ones.
+Status CoresFromAffinity(const Topology& topo, const PlanOptions& o, BindingPlan* plan) {
+  const int n = o.nproc;
+  for (int r = 0; r < n; ++r) {
+    RankPlan& rp = plan->ranks[r];
+    const CpuList& want = o.cpu_affinity[r];
+    if (want.empty())
+      return Status::InvalidArgument("--cpu-affinity for local rank " + std::to_string(r) +
+                                     " is empty");
+    CpuList outside;
+    for (int c : want)
+      if (!std::binary_search(topo.allowed_pus().begin(), topo.allowed_pus().end(), c))
+        outside.push_back(c);
+    if (!outside.empty()) {
+      return Status::InvalidArgument(
+          "--cpu-affinity for local rank " + std::to_string(r) + " uses cpus " +
+          FormatCpuList(outside) +
+          " that this process may not use (allowed: " + FormatCpuList(topo.allowed_pus()) + ")");
     }
-    return plan;
+    SplitSlice(CoresOf(topo, want), o.trainer_cores, &rp);
   }
+  return Status::Ok();
+}
+
+// Step 3 otherwise: disjoint slices of each node's allowed cores for the ranks on it.
+Status SliceNodeCores(const Topology& topo, const PlanOptions& o, BindingPlan* plan) {
+  const int n = o.nproc;
   std::map<int, std::vector<int>> ranks_on;  // node -> local ranks, ascending
-  for (int r = 0; r < n; ++r) ranks_on[plan.ranks[r].numa_node].push_back(r);
+  for (int r = 0; r < n; ++r) ranks_on[plan->ranks[r].numa_node].push_back(r);
   for (const auto& [node_id, ranks] : ranks_on) {
     const NumaNode& node = *topo.FindNode(node_id);
     const std::vector<CpuList> cores = AllowedCores(node, topo.allowed_pus());
@@ -206,7 +214,7 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
     }
     size_t next = 0;
     for (size_t j = 0; j < k; ++j) {
-      RankPlan& rp = plan.ranks[ranks[j]];
+      RankPlan& rp = plan->ranks[ranks[j]];
       std::vector<CpuList> slice;
       if (!shared) {
         const size_t size = c / k + (j < c % k ? 1 : 0);
@@ -231,6 +239,24 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
       SplitSlice(slice, o.trainer_cores, &rp);
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
+  NL_RETURN_IF_ERROR(CheckOptions(o));
+  BindingPlan plan;
+  plan.ranks.resize(o.nproc);
+  NL_RETURN_IF_ERROR(AssignGpus(o, &plan));
+  if (o.no_bind) {
+    plan.binds = false;
+    for (RankPlan& rp : plan.ranks) rp.reason = "binding disabled (--no-bind)";
+    return plan;
+  }
+  NL_RETURN_IF_ERROR(AssignNodes(topo, o, &plan));
+  NL_RETURN_IF_ERROR(o.cpu_affinity.empty() ? SliceNodeCores(topo, o, &plan)
+                                            : CoresFromAffinity(topo, o, &plan));
   return plan;
 }
 

@@ -2,6 +2,7 @@
 # Installs dependencies, configures, builds and runs the whole test suite.
 #   scripts/test.sh              release build with tests (build/)
 #   scripts/test.sh --sanitize   the same under ASan + UBSan (build-asan/)
+# Extra CMake arguments come from NL_CMAKE_ARGS (CI: "-DNL_WERROR=ON").
 # Exits non-zero on any build or test failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,8 @@ fi
 
 scripts/install-deps.sh
 jobs=$(nproc)
-cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" >/dev/null
+read -r -a extra_args <<<"${NL_CMAKE_ARGS:-}"
+cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" ${extra_args[@]+"${extra_args[@]}"} >/dev/null
 cmake --build "$build_dir" -j "$jobs"
 cd "$build_dir"
 ctest -j "$jobs" --output-on-failure --timeout 600
