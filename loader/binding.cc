@@ -35,7 +35,10 @@ void SplitSlice(const std::vector<CpuList>& slice, int trainer_cores, RankPlan* 
 
 std::string Join(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 

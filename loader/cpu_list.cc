@@ -43,7 +43,10 @@ std::string FormatCpuList(const CpuList& cpus) {
     while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
     if (!s.empty()) s += ',';
     s += std::to_string(cpus[i]);
-    if (j > i) s += "-" + std::to_string(cpus[j]);
+    if (j > i) {
+      s += '-';  // (not "-" + std::string: GCC 12 -O3 warns -Wrestrict on that, falsely)
+      s += std::to_string(cpus[j]);
+    }
     i = j + 1;
   }
   return s;
