@@ -82,7 +82,9 @@ Status ShardWriter::Reserve(uint64_t need) {
   if (used_ + txn_need_ + need + kMapSlack <= map_size_) return Status::Ok();
   // The map can only change between transactions.
   NL_RETURN_IF_ERROR(CommitTxn());
-  const uint64_t want = used_ + need + 2 * kTxnBytes + kMapSlack;
+  // Room for this record and a few more whole transactions; the map at
+  // least doubles, so a shard of N bytes remaps about log2(N / 64 MiB) times.
+  const uint64_t want = used_ + need + 4 * kTxnBytes + kMapSlack;
   if (want > map_size_) {
     const uint64_t grown = std::max(map_size_ * 2, (want + (1 << 20) - 1) & ~uint64_t{(1 << 20) - 1});
     const std::string dir = root_ + "/" + rel_path_;
@@ -116,23 +118,27 @@ Status ShardWriter::Put(uint64_t index, std::span<const uint8_t> value) {
                                    " written out of order (expected " +
                                    std::to_string(first_index_ + count_) + ")");
   }
-  // Worst case per record: its value rounded up to pages (overflow pages),
-  // plus a leaf page share and a node header.
-  const uint64_t need = value.size() + 2 * uint64_t{page_size_} + 64;
+  // Worst case per record: a value over about half a page goes to overflow
+  // pages of its own (plus a node in a leaf); a smaller one into leaf pages,
+  // which appending leaves at least half full.
+  const uint64_t page = page_size_;
+  const uint64_t need = value.size() + 32 > page / 2
+                            ? (value.size() + 16 + page - 1) / page * page + 64
+                            : 2 * (value.size() + 24);
   NL_RETURN_IF_ERROR(Reserve(need));
   unsigned char key[8];
   EncodeKey(index, key);
   MDB_val k{8, key};
   MDB_val v{value.size(), const_cast<uint8_t*>(value.data())};
-  const std::string dir = root_ + "/" + rel_path_;
-  const int rc = mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND);
-  if (rc == MDB_MAP_FULL) {
-    return Status::ResourceExhausted("cannot write index " + std::to_string(index) +
-                                     " to shard " + dir + ": its LMDB map of " +
-                                     std::to_string(map_size_ >> 20) + " MiB is full");
+  if (const int rc = mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND); rc != MDB_SUCCESS) {
+    const std::string dir = root_ + "/" + rel_path_;
+    const std::string what = "cannot write index " + std::to_string(index) + " to shard " + dir;
+    if (rc == MDB_MAP_FULL) {
+      return Status::ResourceExhausted(what + ": its LMDB map of " +
+                                       std::to_string(map_size_ >> 20) + " MiB is full");
+    }
+    return LmdbWriteStatus(rc, what, dir + "/data.mdb");
   }
-  NL_RETURN_IF_ERROR(LmdbWriteStatus(
-      rc, "cannot write index " + std::to_string(index) + " to shard " + dir, dir + "/data.mdb"));
   crc_ = ExtendChecksum(crc_, index, value);
   ++count_;
   txn_bytes_ += value.size() + 8;
