@@ -183,7 +183,8 @@ Status FileLock::TryOnce(bool* busy) {
   }
   // The previous holder may have unlinked the file between our open and
   // flock: then we hold a lock no one else will see. Try again.
-  struct stat held {}, now {};
+  struct stat held {};
+  struct stat now {};
   if (::fstat(fd, &held) != 0 || ::stat(path_.c_str(), &now) != 0 || held.st_dev != now.st_dev ||
       held.st_ino != now.st_ino) {
     ::close(fd);

@@ -44,9 +44,8 @@ Status LmdbWriteStatus(int rc, const std::string& what, const std::string& file)
   }
   std::string dir = std::filesystem::path(file).parent_path().string();
   struct statvfs vfs {};
-  if (rc == ENOSPC ||
-      (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) == 0 &&
-       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < (uint64_t{1} << 20))) {
+  if (rc == ENOSPC || (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) == 0 &&
+                       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < (uint64_t{1} << 20))) {
     std::string free_note;
     if (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) == 0) {
       free_note = " (" + std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +

@@ -384,10 +384,9 @@ Status CheckNotNested(const std::string& src, const std::string& out) {
 Status CheckNonShardSetReplaceable(const std::string& out, const Status& why,
                                    const PackOptions& o) {
   if (o.replace_non_shard_set) return Status::Ok();
-  return Status::AlreadyExists(
-      out + " already exists and is not a shard set (" + why.message() + "); " +
-      (o.force ? "--force replaces only shard sets; " : "") +
-      "use --replace-non-shard-set to delete it and pack into its place");
+  return Status::AlreadyExists(out + " already exists and is not a shard set (" + why.message() +
+                               "); " + (o.force ? "--force replaces only shard sets; " : "") +
+                               "use --replace-non-shard-set to delete it and pack into its place");
 }
 
 using Clock = std::chrono::steady_clock;
@@ -413,7 +412,8 @@ Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_
       return Status::AlreadyExists(out + " already exists (use --force to replace it)");
     }
     Result<Manifest> existing = LoadManifest(out);
-    if (!existing.ok()) NL_RETURN_IF_ERROR(CheckNonShardSetReplaceable(out, existing.status(), o_in));
+    if (!existing.ok())
+      NL_RETURN_IF_ERROR(CheckNonShardSetReplaceable(out, existing.status(), o_in));
   }
   PackOptions o = o_in;
   if (o.encoding == PackEncoding::kKeep) o.encoding = PackEncoding::kRaw;

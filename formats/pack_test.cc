@@ -1,7 +1,6 @@
 #include "formats/pack.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -306,10 +305,10 @@ TEST(PackSafety, TwoPacksIntoOneNewOutOneWinsOneRefused) {
       std::vector<std::jthread> packs;
       for (int i = 0; i < 2; ++i) {
         packs.emplace_back([&, i] {
-          results[i] = cifar ? PackCifar100(d / "src", out, CifarLabel::kFine,
-                                            Opts(PackEncoding::kRaw, 1))
-                                   .status()
-                             : PackImageFolder(d / "imf", out, "train", Opts()).status();
+          results[i] =
+              cifar ? PackCifar100(d / "src", out, CifarLabel::kFine, Opts(PackEncoding::kRaw, 1))
+                          .status()
+                    : PackImageFolder(d / "imf", out, "train", Opts()).status();
         });
       }
     }
@@ -365,8 +364,7 @@ TEST(PackSafety, TemporaryWithAHeldLockIsKeptWhateverItsPid) {
   const int fd = ::open((held_tmp + "/.pack-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
-  ASSERT_TRUE(
-      PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw)).ok());
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw)).ok());
   EXPECT_TRUE(PathExists(held_tmp + "/train")) << "a temporary in use was removed";
   EXPECT_FALSE(PathExists(stale_tmp)) << "a stale temporary was kept";
   ::close(fd);
@@ -390,9 +388,9 @@ TEST(PackSafety, ForceNeverDeletesTheSourceOrANonShardSet) {
   struct Case {
     std::string src, out, want;
   } cases[] = {
-      {d / "fsrc/train", d / "fsrc", "inside OUT"},     // OUT contains SRC
-      {d / "fsrc/train", d / "link2", "inside OUT"},    // ... through a symlink
-      {d / "fsrc/train", d / "fsrc/train", "inside"},   // the same directory
+      {d / "fsrc/train", d / "fsrc", "inside OUT"},          // OUT contains SRC
+      {d / "fsrc/train", d / "link2", "inside OUT"},         // ... through a symlink
+      {d / "fsrc/train", d / "fsrc/train", "inside"},        // the same directory
       {d / "fsrc/train", d / "fsrc/train/a", "inside SRC"},  // SRC contains OUT
   };
   for (const Case& c : cases) {
@@ -414,9 +412,9 @@ TEST(PackSafety, ForceNeverDeletesTheSourceOrANonShardSet) {
   PackOptions only_force = Opts();
   only_force.force = true;
   for (bool cifar : {true, false}) {
-    Status r = cifar ? PackCifar100(d / "fsrc/c100", d / "other", CifarLabel::kFine, only_force)
-                           .status()
-                     : PackImageFolder(d / "fsrc/train", d / "other", "train", only_force).status();
+    Status r =
+        cifar ? PackCifar100(d / "fsrc/c100", d / "other", CifarLabel::kFine, only_force).status()
+              : PackImageFolder(d / "fsrc/train", d / "other", "train", only_force).status();
     EXPECT_EQ(r.code(), StatusCode::kAlreadyExists) << r.ToString();
     EXPECT_NE(r.message().find("is not a shard set"), std::string::npos) << r.ToString();
     EXPECT_NE(r.message().find("--replace-non-shard-set"), std::string::npos) << r.ToString();
@@ -432,8 +430,8 @@ TEST(PackSafety, ForceNeverDeletesTheSourceOrANonShardSet) {
 
 TEST(PackSafety, NamesThatAreNotUtf8PackAndReadBackExactly) {
   testing::ScratchDir d;
-  const std::string cls = "caf\xe9";       // Latin-1, not UTF-8
-  const std::string bad = "bad\xff.jpg";   // a skipped file with such a name
+  const std::string cls = "caf\xe9";        // Latin-1, not UTF-8
+  const std::string bad = "bad\xff.jpg";    // a skipped file with such a name
   const std::string slash = "back\\slash";  // the escape character itself
   for (const std::string& c : {cls, slash, std::string("z\xc3\xa9")}) {
     ASSERT_TRUE(MakeDirs(d / ("src/" + c)).ok());
@@ -500,8 +498,8 @@ TEST(PackSafety, FileSizeLimitIsNamedNotInputOutputError) {
     struct rlimit lim {};
     lim.rlim_cur = lim.rlim_max = 2 << 20;  // ulimit -f 2048
     if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return 2;
-    Status s = PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw, 1))
-                   .status();
+    Status s =
+        PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw, 1)).status();
     const std::string text = s.ToString();
     FILE* f = std::fopen(msg_file.c_str(), "w");
     if (!f) return 3;
@@ -523,7 +521,8 @@ TEST(PackSafety, DiskFullMessagesSayNoSpaceAndNameTheFile) {
   Status s = LmdbWriteStatus(ENOSPC, "cannot commit shard train/shard-00000", file);
   EXPECT_EQ(s.code(), StatusCode::kIOError);
   EXPECT_EQ(s.message().rfind("cannot commit shard train/shard-00000: no space left on device "
-                              "writing " + file,
+                              "writing " +
+                                  file,
                               0),
             0u)
       << s.ToString();

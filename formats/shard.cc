@@ -70,7 +70,8 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
 
 Status ShardWriter::CommitTxn() {
   const std::string dir = root_ + "/" + rel_path_;
-  NL_RETURN_IF_ERROR(LmdbWriteStatus(txn_.Commit(), "cannot commit shard " + dir, dir + "/data.mdb"));
+  NL_RETURN_IF_ERROR(
+      LmdbWriteStatus(txn_.Commit(), "cannot commit shard " + dir, dir + "/data.mdb"));
   MDB_envinfo info;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_info(env_.get(), &info), "mdb_env_info " + dir));
   used_ = (uint64_t{info.me_last_pgno} + 1) * page_size_;
@@ -86,7 +87,8 @@ Status ShardWriter::Reserve(uint64_t need) {
   // least doubles, so a shard of N bytes remaps about log2(N / 64 MiB) times.
   const uint64_t want = used_ + need + 4 * kTxnBytes + kMapSlack;
   if (want > map_size_) {
-    const uint64_t grown = std::max(map_size_ * 2, (want + (1 << 20) - 1) & ~uint64_t{(1 << 20) - 1});
+    const uint64_t grown =
+        std::max(map_size_ * 2, (want + (1 << 20) - 1) & ~uint64_t{(1 << 20) - 1});
     const std::string dir = root_ + "/" + rel_path_;
     const int rc = mdb_env_set_mapsize(env_.get(), grown);
     if (rc != MDB_SUCCESS) {
