@@ -132,6 +132,10 @@ assert m["classes"] == ["b", "caf\\xE9"], m["classes"]
 assert m["splits"]["train"]["skipped"][0]["path"].endswith("/b/bad\\xFF.png"), m["splits"]["train"]["skipped"]
 PYEOF
 ls -d "$W"/latin_packed.* >/dev/null 2>&1 && fail "temporaries left behind" || ok "nothing left beside OUT"
+odd_out="$W/$(printf 'out\xf0')"
+expect_rc 0 "an OUT whose name is not UTF-8" "$PT" imagefolder "$W/latin" "$odd_out" --skip-bad
+expect_rc 0 "info --json on it" "$PT" info --json "$odd_out"
+expect_text '"root": "'"$W"'/out\\xF0"' "info --json escapes the root as the manifest does"
 
 # --- disk full: named as such, with the file --------------------------------
 mkdir -p "$W/tiny"
