@@ -56,9 +56,9 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
   const int rc = mdb_env_open(env, dir.c_str(), MDB_NOLOCK | MDB_NOSYNC, 0644);
   if (rc == ENOMEM) {
     const std::string limit = AddressSpaceLimitNote();
-    return LmdbStatus(rc, "cannot open shard " + dir + " with a map of " +
-                              std::to_string(kInitialMapSize >> 20) + " MiB" +
-                              (limit.empty() ? "" : " (" + limit + ")"));
+    return Status::ResourceExhausted(
+        "cannot open shard " + dir + " with a map of " + std::to_string(kInitialMapSize >> 20) +
+        " MiB" + (limit.empty() ? "" : " (" + limit + ")") + ": " + mdb_strerror(rc));
   }
   NL_RETURN_IF_ERROR(LmdbWriteStatus(rc, "cannot open shard " + dir, dir + "/data.mdb"));
   MDB_stat st;
@@ -92,11 +92,13 @@ Status ShardWriter::Reserve(uint64_t need) {
     const std::string dir = root_ + "/" + rel_path_;
     const int rc = mdb_env_set_mapsize(env_.get(), grown);
     if (rc != MDB_SUCCESS) {
-      std::string limit = AddressSpaceLimitNote();
-      return LmdbStatus(rc, "cannot grow the LMDB map of shard " + dir + " from " +
-                                std::to_string(map_size_ >> 20) + " MiB to " +
-                                std::to_string(grown >> 20) + " MiB" +
-                                (limit.empty() ? "" : " (" + limit + ")"));
+      const std::string limit = AddressSpaceLimitNote();
+      const std::string what = "cannot grow the LMDB map of shard " + dir + " from " +
+                               std::to_string(map_size_ >> 20) + " MiB to " +
+                               std::to_string(grown >> 20) + " MiB" +
+                               (limit.empty() ? "" : " (" + limit + ")");
+      if (rc == ENOMEM) return Status::ResourceExhausted(what + ": " + mdb_strerror(rc));
+      return LmdbStatus(rc, what);
     }
     map_size_ = grown;
   }

@@ -153,5 +153,12 @@ fi
 expect_rc 0 "pack under ulimit -v 8000000" bash -c "ulimit -v 8000000; exec '$PT' cifar100 '$W/c100' '$W/limited' --shards 1"
 expect_rc 0 "imagefolder under ulimit -v 8000000" bash -c "ulimit -v 8000000; exec '$PT' imagefolder '$W/imf' '$W/limited_imf'"
 expect_rc 0 "the set packed under the limit verifies" "$PT" verify "$W/limited"
+# A limit the shard cannot fit in: the error names the shard and the limit.
+expect_rc 0 "a bigger CIFAR-100" "$PT" fake-cifar100 "$W/c100_big" --train 90000 --test 10
+expect_rc 1 "a shard larger than ulimit -v allows fails" bash -c "ulimit -v 600000; exec '$PT' cifar100 '$W/c100_big' '$W/too_big' --shards 1 --threads 1"
+expect_out "Limit exceeded: cannot (grow the LMDB map of|open) shard .*/train/shard-00000 .*the address-space limit \(ulimit -v\) is 585 MiB" \
+  "the error names the shard and the address-space limit"
+ls -d "$W"/too_big* >/dev/null 2>&1 && fail "a failed pack left files" || ok "a failed pack leaves nothing"
+rm -rf "$W/c100_big"
 
 finish
