@@ -1,12 +1,15 @@
 #include "formats/file_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 namespace nl {
 
@@ -104,15 +107,18 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
       int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return Status::FromErrno("cannot write " + tmp, e);
+      return Status::FromErrno("cannot write " + path + " (as " + tmp + ")", e);
     }
     p += w;
     n -= static_cast<size_t>(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int e = errno;
+  const int sync_rc = ::fsync(fd);
+  int flush_err = errno;
+  const int close_rc = ::close(fd);  // closed even when fsync failed
+  if (sync_rc == 0) flush_err = errno;
+  if (sync_rc != 0 || close_rc != 0) {
     ::unlink(tmp.c_str());
-    return Status::FromErrno("cannot flush " + tmp, e);
+    return Status::FromErrno("cannot flush " + path + " (as " + tmp + ")", flush_err);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
@@ -146,6 +152,94 @@ Result<uint64_t> FileSize(const std::string& path) {
 bool PathExists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
+}
+
+Result<std::string> CanonicalPath(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) return Status::IOError("cannot resolve " + path + ": " + ec.message());
+  return p.lexically_normal().string();
+}
+
+bool PathIsWithin(const std::string& inner, const std::string& outer) {
+  std::string o = outer;
+  while (o.size() > 1 && o.back() == '/') o.pop_back();
+  if (inner.compare(0, o.size(), o) != 0) return false;
+  return inner.size() == o.size() || o == "/" || inner[o.size()] == '/';
+}
+
+Status FileLock::TryOnce(bool* busy) {
+  *busy = false;
+  int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("cannot open lock file " + path_, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::close(fd);
+    if (e == EWOULDBLOCK || e == EINTR) {
+      *busy = true;
+      return Status::Ok();
+    }
+    return Status::FromErrno("cannot lock " + path_, e);
+  }
+  // The previous holder may have unlinked the file between our open and
+  // flock: then we hold a lock no one else will see. Try again.
+  struct stat held {};
+  struct stat now {};
+  if (::fstat(fd, &held) != 0 || ::stat(path_.c_str(), &now) != 0 || held.st_dev != now.st_dev ||
+      held.st_ino != now.st_ino) {
+    ::close(fd);
+    return Status::Ok();  // neither busy nor held: try again
+  }
+  fd_ = fd;
+  return Status::Ok();
+}
+
+Result<FileLock> FileLock::Acquire(const std::string& path, const std::function<void()>& on_wait,
+                                   const std::atomic<bool>* cancel) {
+  FileLock l;
+  l.path_ = path;
+  bool told = false;
+  while (true) {
+    bool busy = false;
+    NL_RETURN_IF_ERROR(l.TryOnce(&busy));
+    if (l.fd_ >= 0) return l;
+    if (!busy) continue;  // the file was replaced under us
+    if (!told && on_wait) on_wait();
+    told = true;
+    if (cancel && cancel->load(std::memory_order_relaxed)) {
+      return Status::Aborted("interrupted while waiting for the lock " + path);
+    }
+    // Polled rather than a blocking flock so that cancellation is seen.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+Result<std::optional<FileLock>> FileLock::TryAcquire(const std::string& path) {
+  FileLock l;
+  l.path_ = path;
+  while (true) {
+    bool busy = false;
+    NL_RETURN_IF_ERROR(l.TryOnce(&busy));
+    if (l.fd_ >= 0) return std::optional<FileLock>(std::move(l));
+    if (busy) return std::optional<FileLock>();
+  }
+}
+
+FileLock& FileLock::operator=(FileLock&& o) noexcept {
+  if (this != &o) {
+    Release();
+    path_ = std::move(o.path_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void FileLock::Release() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still locked: see TryOnce
+  ::close(fd_);
+  fd_ = -1;
 }
 
 Result<FileBytes> FileBytes::Map(const std::string& path) {

@@ -1,7 +1,10 @@
 // Small file helpers shared by formats/ and the tools, errors as Status.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +27,46 @@ Status MakeDirs(const std::string& dir);
 Status RemoveAll(const std::string& path);
 Result<uint64_t> FileSize(const std::string& path);
 bool PathExists(const std::string& path);
+
+// Canonical absolute form of `path` with symlinks resolved, also for a path
+// that does not exist yet (its longest existing prefix is resolved).
+Result<std::string> CanonicalPath(const std::string& path);
+// True when `inner` is `outer` or lies below it (both canonical, compared by
+// whole components).
+bool PathIsWithin(const std::string& inner, const std::string& outer);
+
+// An exclusive flock(2) on a lock file, held until destruction. Locks belong
+// to an open file description, so two holders in one process (threads) also
+// exclude each other, and a lock dies with its process wherever that process
+// runs (no pid is involved). The holder unlinks the file when it lets go;
+// a taker re-checks after locking that the file it locked is still the one at
+// the path, so unlinking never lets two holders in at once. Move-only.
+class FileLock {
+ public:
+  FileLock() = default;
+  // Creates `path` if needed and locks it. When another holder has it: calls
+  // on_wait once (may be empty), then waits until it is free; fails with
+  // Aborted when *cancel (may be null) becomes true meanwhile.
+  static Result<FileLock> Acquire(const std::string& path, const std::function<void()>& on_wait,
+                                  const std::atomic<bool>* cancel);
+  // Locks `path` only if no one holds it now: nullopt when someone does.
+  static Result<std::optional<FileLock>> TryAcquire(const std::string& path);
+  FileLock(FileLock&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_) { o.fd_ = -1; }
+  FileLock& operator=(FileLock&& o) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock() { Release(); }
+  // Unlinks the file and drops the lock (no-op when not held).
+  void Release();
+  const std::string& path() const { return path_; }
+
+ private:
+  // One attempt: on success fd_ holds the lock; else *busy says whether
+  // another holder has it (false: the file was replaced, try again).
+  Status TryOnce(bool* busy);
+  std::string path_;
+  int fd_ = -1;
+};
 
 // A file's bytes: mapped read-only (no copy) when read from a file, or owned
 // (e.g. decompressed from an archive). Move-only.

@@ -13,6 +13,14 @@ namespace nl {
 // "<what>: <mdb_strerror(rc)>", with ENOSPC/EIO as IOError, MDB_NOTFOUND as
 // NotFound and MDB_CORRUPTED / MDB_PAGE_NOTFOUND / MDB_INVALID as Corruption.
 Status LmdbStatus(int rc, const std::string& what);
+// As LmdbStatus, for a failed write to `file` (an environment's data.mdb).
+// LMDB reports a short write as EIO ("Input/output error"), which is what a
+// full disk or the file-size limit usually gives; this names the real cause:
+// "no space left on device" (with the file and the free bytes), or the
+// file-size limit (ulimit -f) that was reached.
+Status LmdbWriteStatus(int rc, const std::string& what, const std::string& file);
+// The address-space limit (ulimit -v) in words when one is set, else "".
+std::string AddressSpaceLimitNote();
 
 struct LmdbEnvDeleter {
   void operator()(MDB_env* e) const { mdb_env_close(e); }

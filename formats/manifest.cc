@@ -25,6 +25,105 @@ const SplitInfo* Manifest::FindSplit(const std::string& name) const {
   return it == splits.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// Length of the valid UTF-8 sequence at s[i], or 0 when there is none.
+size_t Utf8SequenceLength(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;  // no overlong forms
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Applies f to every string of j, object keys included.
+template <typename F>
+json MapStrings(const json& j, const F& f) {
+  if (j.is_string()) return f(j.get_ref<const std::string&>());
+  if (j.is_array()) {
+    json out = json::array();
+    for (const auto& e : j) out.push_back(MapStrings(e, f));
+    return out;
+  }
+  if (j.is_object()) {
+    json out = json::object();
+    for (const auto& [k, v] : j.items()) out[f(k)] = MapStrings(v, f);
+    return out;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string EscapeManifestString(const std::string& raw) {
+  std::string out;
+  out.reserve(raw.size());
+  for (size_t i = 0; i < raw.size();) {
+    if (raw[i] == '\\') {
+      out += "\\\\";
+      ++i;
+      continue;
+    }
+    const size_t n = Utf8SequenceLength(raw, i);
+    if (n == 0) {
+      static const char kHex[] = "0123456789ABCDEF";
+      const auto c = static_cast<unsigned char>(raw[i]);
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+      ++i;
+      continue;
+    }
+    out.append(raw, i, n);
+    i += n;
+  }
+  return out;
+}
+
+std::string UnescapeManifestString(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == '\\') {
+      out += '\\';
+      ++i;
+    } else if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] == 'x' && HexValue(s[i + 2]) >= 0 &&
+               HexValue(s[i + 3]) >= 0) {
+      out += static_cast<char>(HexValue(s[i + 2]) * 16 + HexValue(s[i + 3]));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 std::string ManifestToJson(const Manifest& m) {
   json j;
   j["format_version"] = m.format_version;
@@ -52,7 +151,10 @@ std::string ManifestToJson(const Manifest& m) {
     splits[name] = js;
   }
   j["splits"] = splits;
-  return j.dump(2) + "\n";
+  // Escaping leaves only valid UTF-8, so dump() cannot throw (type_error 316);
+  // the replace handler is a second guard.
+  return MapStrings(j, EscapeManifestString).dump(2, ' ', false, json::error_handler_t::replace) +
+         "\n";
 }
 
 namespace {
@@ -87,7 +189,7 @@ Status CheckSplit(const std::string& name, const SplitInfo& s) {
 Result<Manifest> ManifestFromJson(const std::string& text, const std::string& where) {
   Manifest m;
   try {
-    json j = json::parse(text);
+    json j = MapStrings(json::parse(text), UnescapeManifestString);
     m.format_version = j.at("format_version").get<int>();
     if (m.format_version != kManifestFormatVersion) {
       return Status::Corruption(

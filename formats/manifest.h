@@ -53,6 +53,15 @@ struct Manifest {
   const SplitInfo* FindSplit(const std::string& name) const;
 };
 
+// Strings in manifest.json (names come from the file system and need not be
+// UTF-8) are escaped losslessly: each byte that is not part of valid UTF-8
+// becomes the four characters \xHH (HH: two upper-case hex digits), and a
+// backslash becomes two backslashes (FORMAT.md, "Names").
+std::string EscapeManifestString(const std::string& raw);
+// The inverse; an escape that is not one of the two forms stays as written.
+std::string UnescapeManifestString(const std::string& escaped);
+
+// Never throws: every string is escaped to valid UTF-8 first.
 std::string ManifestToJson(const Manifest& m);
 // Parses and checks consistency: version, shards contiguous from 0 and
 // summing to num_samples, relative paths without "..".

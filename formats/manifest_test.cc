@@ -67,5 +67,37 @@ TEST(Manifest, BadJsonAndVersion) {
   EXPECT_EQ(LoadManifest(dir.path()).status().code(), StatusCode::kNotFound);
 }
 
+TEST(Manifest, NamesThatAreNotUtf8RoundTripExactly) {
+  Manifest m = Sample();
+  m.classes = {"caf\xe9", "back\\slash", "\xc3\xa9t\xc3\xa9", "cut\xe2\x82", "\xed\xa0\x80"};
+  m.source_path = "/data/\xff\xfe";
+  m.splits["train"].skipped = {{"/data/\xff\xfe/caf\xe9/x\x80.png", "Corruption: /data/\xff: bad"}};
+  m.splits["train"].source = "\\x41";  // looks like an escape: must survive as written
+  std::string text;
+  ASSERT_NO_THROW(text = ManifestToJson(m));
+  EXPECT_NE(text.find("\"caf\\\\xE9\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"\xc3\xa9t\xc3\xa9\""), std::string::npos) << text;  // UTF-8 as is
+  Result<Manifest> back = ManifestFromJson(text, "m.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->classes, m.classes);
+  EXPECT_EQ(back->source_path, m.source_path);
+  EXPECT_EQ(back->splits.at("train").skipped[0].path, m.splits["train"].skipped[0].path);
+  EXPECT_EQ(back->splits.at("train").skipped[0].reason, m.splits["train"].skipped[0].reason);
+  EXPECT_EQ(back->splits.at("train").source, "\\x41");
+  // Through a file, too (SaveManifest must not throw either).
+  testing::ScratchDir dir;
+  ASSERT_TRUE(SaveManifest(dir.path(), m).ok());
+  EXPECT_EQ(LoadManifest(dir.path())->classes, m.classes);
+}
+
+TEST(Manifest, EscapeIsLosslessForEveryByte) {
+  std::string all;
+  for (int c = 0; c < 256; ++c) all += static_cast<char>(c);
+  EXPECT_EQ(UnescapeManifestString(EscapeManifestString(all)), all);
+  EXPECT_EQ(EscapeManifestString("plain \xc3\xa9 name"), "plain \xc3\xa9 name");  // UTF-8 as is
+  EXPECT_EQ(EscapeManifestString("a\\b\xe9"), "a\\\\b\\xE9");
+  EXPECT_EQ(UnescapeManifestString("a\\\\b\\xE9\\xe9\\q\\x4"), "a\\b\xe9\xe9\\q\\x4");
+}
+
 }  // namespace
 }  // namespace nl

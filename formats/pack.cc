@@ -256,11 +256,24 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
   return info;
 }
 
+std::string PackLockPath(const std::string& out) { return out + ".pack-lock"; }
+
 namespace {
 
-bool PidAlive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+constexpr char kTempLockName[] = "/.pack-lock";
 
-// Removes temporaries "<prefix><pid>" in `dir` whose process is gone.
+// A temporary directory and the lock that marks it as in use. The directory
+// goes first on destruction (members are destroyed in reverse order).
+struct LockedTemp {
+  FileLock lock;
+  TempDir dir;
+  const std::string& path() const { return dir.path(); }
+};
+
+// Removes temporaries "<prefix><pid>" (or "<prefix><name>-<pid>") in `dir`
+// that no running pack holds: their lock file inside can be taken. The pid in
+// the name only makes names unique; it says nothing about liveness, since the
+// pack may run in another PID namespace or on another machine.
 void RemoveStale(const std::string& dir, const std::string& prefix) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -270,10 +283,29 @@ void RemoveStale(const std::string& dir, const std::string& prefix) {
     const auto dash = tail.find_last_of('-');
     const std::string pid_s = dash == std::string::npos ? tail : tail.substr(dash + 1);
     char* end = nullptr;
-    const long pid = std::strtol(pid_s.c_str(), &end, 10);
+    (void)std::strtol(pid_s.c_str(), &end, 10);
     if (end == pid_s.c_str() || *end != '\0') continue;
-    if (!PidAlive(pid)) (void)RemoveAll(e.path().string());
+    std::error_code dir_ec;
+    if (!fs::is_directory(e.symlink_status(dir_ec))) continue;
+    Result<std::optional<FileLock>> lock = FileLock::TryAcquire(e.path().string() + kTempLockName);
+    if (!lock.ok() || !lock->has_value()) continue;  // in use (or cannot tell): keep it
+    (void)RemoveAll(e.path().string());
   }
+}
+
+// Creates `path` (which must not be in use) and takes its lock.
+Result<LockedTemp> MakeLockedTemp(const std::string& path) {
+  if (PathExists(path)) {
+    return Status::AlreadyExists("temporary " + path +
+                                 " is in use by another pack (its lock file is held)");
+  }
+  NL_RETURN_IF_ERROR(MakeDirs(path));
+  LockedTemp t;
+  t.dir = TempDir(path);
+  NL_ASSIGN_OR_RETURN(std::optional<FileLock> lock, FileLock::TryAcquire(path + kTempLockName));
+  if (!lock) return Status::Internal("cannot lock the new temporary " + path);
+  t.lock = std::move(*lock);
+  return t;
 }
 
 std::string ParentOf(const std::string& path) {
@@ -295,10 +327,12 @@ std::string Absolute(const std::string& p) {
 }
 
 // Moves the finished temporary `tmp` to `out`, replacing an existing `out`.
-Status CommitNewOut(TempDir* tmp, const std::string& out) {
+// The caller holds OUT's lock, so no other pack looks at the temporaries.
+Status CommitNewOut(LockedTemp* tmp, const std::string& out) {
   const std::string pid = std::to_string(::getpid());
   const std::string old = out + ".old-" + pid;
   const bool replace = PathExists(out);
+  tmp->lock.Release();  // removes the lock file, which must not end up in OUT
   if (replace && ::rename(out.c_str(), old.c_str()) != 0) {
     return Status::FromErrno("cannot move aside " + out, errno);
   }
@@ -307,19 +341,52 @@ Status CommitNewOut(TempDir* tmp, const std::string& out) {
     if (replace) (void)::rename(old.c_str(), out.c_str());
     return Status::FromErrno("cannot rename " + tmp->path() + " to " + out, e);
   }
-  tmp->Release();
+  tmp->dir.Release();
   NL_RETURN_IF_ERROR(FsyncDir(ParentOf(out)));
   if (replace) NL_RETURN_IF_ERROR(RemoveAll(old));
   return Status::Ok();
 }
 
-Result<TempDir> MakeTempBeside(const std::string& out) {
+Result<LockedTemp> MakeTempBeside(const std::string& out) {
   RemoveStale(ParentOf(out), NameOf(out) + ".tmp-");
   RemoveStale(ParentOf(out), NameOf(out) + ".old-");
-  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
-  NL_RETURN_IF_ERROR(RemoveAll(tmp));
-  NL_RETURN_IF_ERROR(MakeDirs(tmp));
-  return TempDir(tmp);
+  return MakeLockedTemp(out + ".tmp-" + std::to_string(::getpid()));
+}
+
+// Takes OUT's lock (creating OUT's parent directory if needed), waiting for
+// another pack that holds it.
+Result<FileLock> LockOut(const std::string& out, const PackOptions& o) {
+  NL_RETURN_IF_ERROR(MakeDirs(ParentOf(out)));
+  const std::string path = PackLockPath(out);
+  auto on_wait = [&] {
+    if (o.on_wait) o.on_wait(path);
+  };
+  return FileLock::Acquire(path, on_wait, o.cancel);
+}
+
+// Refuses OUT inside SRC and SRC inside OUT (so that --force can never
+// delete the source, and a new OUT never becomes part of the source).
+Status CheckNotNested(const std::string& src, const std::string& out) {
+  NL_ASSIGN_OR_RETURN(std::string csrc, CanonicalPath(src));
+  NL_ASSIGN_OR_RETURN(std::string cout, CanonicalPath(out));
+  if (PathIsWithin(cout, csrc)) {
+    return Status::InvalidArgument("OUT " + out + " is inside SRC " + src + " (" + cout +
+                                   " is within " + csrc + "): choose an OUT outside the source");
+  }
+  if (PathIsWithin(csrc, cout)) {
+    return Status::InvalidArgument("SRC " + src + " is inside OUT " + out + " (" + csrc +
+                                   " is within " + cout + "): choose an OUT outside the source");
+  }
+  return Status::Ok();
+}
+
+// OUT exists and is not a shard set: replace it only when asked by name.
+Status CheckNonShardSetReplaceable(const std::string& out, const Status& why,
+                                   const PackOptions& o) {
+  if (o.replace_non_shard_set) return Status::Ok();
+  return Status::AlreadyExists(out + " already exists and is not a shard set (" + why.message() +
+                               "); " + (o.force ? "--force replaces only shard sets; " : "") +
+                               "use --replace-non-shard-set to delete it and pack into its place");
 }
 
 using Clock = std::chrono::steady_clock;
@@ -337,14 +404,22 @@ Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_
                                  CifarLabel label, const PackOptions& o_in) {
   const auto t0 = Clock::now();
   const std::string out = Normalize(out_in);
-  if (PathExists(out) && !o_in.force) {
-    return Status::AlreadyExists(out + " already exists (use --force to replace it)");
+  NL_RETURN_IF_ERROR(CheckNotNested(src, out));
+  NL_ASSIGN_OR_RETURN(FileLock out_lock, LockOut(out, o_in));
+  // Checked under the lock: another pack may have created OUT meanwhile.
+  if (PathExists(out)) {
+    if (!o_in.force && !o_in.replace_non_shard_set) {
+      return Status::AlreadyExists(out + " already exists (use --force to replace it)");
+    }
+    Result<Manifest> existing = LoadManifest(out);
+    if (!existing.ok())
+      NL_RETURN_IF_ERROR(CheckNonShardSetReplaceable(out, existing.status(), o_in));
   }
   PackOptions o = o_in;
   if (o.encoding == PackEncoding::kKeep) o.encoding = PackEncoding::kRaw;
   NL_ASSIGN_OR_RETURN(CifarFiles files, ReadCifar100(src));
   const auto& classes = label == CifarLabel::kFine ? files.fine_names : files.coarse_names;
-  NL_ASSIGN_OR_RETURN(TempDir tmp, MakeTempBeside(out));
+  NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeTempBeside(out));
 
   PackSummary sum;
   Manifest& m = sum.manifest;
@@ -375,20 +450,20 @@ Result<PackSummary> PackImageFolder(const std::string& src, const std::string& o
   if (split.empty() || split.find('/') != std::string::npos || split[0] == '.') {
     return Status::InvalidArgument("invalid split name '" + split + "'");
   }
+  NL_RETURN_IF_ERROR(CheckNotNested(src, out));
   NL_ASSIGN_OR_RETURN(auto source, ImageFolderSource::Scan(src));
   PackSummary sum;
 
+  // Everything about OUT is checked under its lock, held until the commit.
+  NL_ASSIGN_OR_RETURN(FileLock out_lock, LockOut(out, o));
   Result<Manifest> existing = Status::NotFound("");
   if (PathExists(out)) {
     existing = LoadManifest(out);
-    if (!existing.ok() && !o.force) {
-      return Status::AlreadyExists(out + " already exists and is not a shard set (" +
-                                   existing.status().message() + "); use --force to replace it");
-    }
+    if (!existing.ok()) NL_RETURN_IF_ERROR(CheckNonShardSetReplaceable(out, existing.status(), o));
   }
 
-  if (!existing.ok()) {  // a new OUT (or --force over something else)
-    NL_ASSIGN_OR_RETURN(TempDir tmp, MakeTempBeside(out));
+  if (!existing.ok()) {  // a new OUT (or --replace-non-shard-set over something else)
+    NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeTempBeside(out));
     Manifest& m = sum.manifest;
     m.source_kind = "imagefolder";
     m.source_path = Absolute(src);
@@ -416,16 +491,16 @@ Result<PackSummary> PackImageFolder(const std::string& src, const std::string& o
         ") differ from those of " + out + " (" + std::to_string(m.classes.size()) +
         "): a split must use the same class directories");
   }
-  if (m.FindSplit(split) && !o.force) {
+  if (m.FindSplit(split) && !o.force && !o.replace_non_shard_set) {
     return Status::AlreadyExists("split '" + split + "' already exists in " + out +
                                  " (use --force to replace it)");
   }
   RemoveStale(out, ".tmp-");
   RemoveStale(out, ".old-");
+  RemoveStale(ParentOf(out), NameOf(out) + ".tmp-");  // from interrupted packs of a new OUT
+  RemoveStale(ParentOf(out), NameOf(out) + ".old-");
   const std::string pid = std::to_string(::getpid());
-  TempDir tmp(out + "/.tmp-" + split + "-" + pid);
-  NL_RETURN_IF_ERROR(RemoveAll(tmp.path()));
-  NL_RETURN_IF_ERROR(MakeDirs(tmp.path()));
+  NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeLockedTemp(out + "/.tmp-" + split + "-" + pid));
   NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), split, o));
   info.source = Absolute(src);
 

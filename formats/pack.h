@@ -10,6 +10,16 @@
 // existing OUT is built inside it and becomes visible when the manifest is
 // replaced (atomically). Interrupted packs leave only temporaries, which the
 // next pack into the same OUT removes.
+//
+// Packs into one OUT exclude each other: each holds an exclusive flock on
+// "OUT.pack-lock" (beside OUT) from before it looks at OUT until it has
+// committed, so a second pack waits and then sees the first one's result.
+// Each temporary holds its own lock file (".pack-lock" inside it); a
+// temporary is removed as stale only when that lock can be taken.
+//
+// --force replaces only a shard set: OUT that exists but is not one is
+// refused unless replace_non_shard_set. OUT inside SRC or SRC inside OUT
+// (canonical paths) is always refused.
 #pragma once
 
 #include <atomic>
@@ -42,6 +52,8 @@ struct PackOptions {
   uint32_t threads = 0;  // 0: all cores this process may use
   bool skip_bad = false;
   bool force = false;
+  // Allows replacing (deleting) an OUT that is not a shard set. Implies force.
+  bool replace_non_shard_set = false;
   int png_level = 6;
   DecodeLimits limits;
   // Called from the writing thread after each batch of samples. May be empty.
@@ -49,7 +61,13 @@ struct PackOptions {
   // Set from another thread (e.g. a signal handler) to stop; the pack then
   // fails with Aborted and leaves nothing behind.
   const std::atomic<bool>* cancel = nullptr;
+  // Called once, before waiting, when another pack holds OUT's lock file
+  // (its path is the argument). May be empty.
+  std::function<void(const std::string& lock_file)> on_wait;
 };
+
+// The lock file a pack into `out` holds: "<out>.pack-lock".
+std::string PackLockPath(const std::string& out);
 
 struct PackSummary {
   Manifest manifest;

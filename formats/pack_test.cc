@@ -1,10 +1,17 @@
 #include "formats/pack.h"
 
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
+#include <thread>
 
 #include "formats/file_util.h"
+#include "formats/lmdb_env.h"
 #include "formats/shard.h"
 #include "formats/test_util.h"
 #include "formats/verify.h"
@@ -104,13 +111,14 @@ TEST(PackCifar, DeterministicWhateverTheThreadCount) {
 TEST(PackCifar, ExistingOutRefusedUnlessForce) {
   testing::ScratchDir d;
   ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 10, .test = 5}).ok());
-  ASSERT_TRUE(MakeDirs(d / "out").ok());
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts()).ok());
   Status s = PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts()).status();
   EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("already exists (use --force"), std::string::npos) << s.ToString();
   PackOptions o = Opts();
   o.force = true;
-  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, o).ok());
-  EXPECT_TRUE(LoadManifest(d / "out").ok());
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kCoarse, o).ok());
+  EXPECT_EQ(LoadManifest(d / "out")->label_kind, "coarse");
   EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"out", "src"}));
 }
 
@@ -256,6 +264,273 @@ TEST(Verify, MissingShardAndManifest) {
   rep = VerifyShardSet(d / "out", {});
   ASSERT_EQ(rep.problems.size(), 1u);
   EXPECT_NE(rep.problems[0].what.find("Not found"), std::string::npos);
+}
+
+// --- Safety: concurrent packs, --force, names, limits ----------------------
+
+// Packs into one OUT from several threads (separate lock file descriptions,
+// as separate processes would have).
+TEST(PackSafety, ConcurrentSplitPacksIntoOneOutAllLand) {
+  testing::ScratchDir d;
+  MakeImageFolder(d / "src");
+  std::vector<Status> results(4);
+  {
+    std::vector<std::jthread> packs;
+    for (int i = 0; i < 4; ++i) {
+      packs.emplace_back([&, i] {
+        results[i] = PackImageFolder(d / "src", d / "out", "s" + std::to_string(i),
+                                     Opts(PackEncoding::kKeep, 1))
+                         .status();
+      });
+    }
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(results[i].ok()) << i << ": " << results[i].ToString();
+  Result<Manifest> m = LoadManifest(d / "out");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->splits.size(), 4u);
+  EXPECT_EQ(Listing(d / "out"),
+            (std::vector<std::string>{"manifest.json", "s0", "s1", "s2", "s3"}));
+  EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"out", "src"}));  // no lock file left
+  EXPECT_TRUE(VerifyShardSet(d / "out", {}).ok());
+}
+
+TEST(PackSafety, TwoPacksIntoOneNewOutOneWinsOneRefused) {
+  testing::ScratchDir d;
+  ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 2000, .test = 10}).ok());
+  MakeImageFolder(d / "imf");
+  for (bool cifar : {true, false}) {
+    const std::string out = d / (cifar ? "c_out" : "i_out");
+    std::vector<Status> results(2);
+    {
+      std::vector<std::jthread> packs;
+      for (int i = 0; i < 2; ++i) {
+        packs.emplace_back([&, i] {
+          results[i] =
+              cifar ? PackCifar100(d / "src", out, CifarLabel::kFine, Opts(PackEncoding::kRaw, 1))
+                          .status()
+                    : PackImageFolder(d / "imf", out, "train", Opts()).status();
+        });
+      }
+    }
+    const int wins = results[0].ok() + results[1].ok();
+    EXPECT_EQ(wins, 1) << results[0].ToString() << " / " << results[1].ToString();
+    const Status& lost = results[0].ok() ? results[1] : results[0];
+    EXPECT_EQ(lost.code(), StatusCode::kAlreadyExists) << lost.ToString();
+    EXPECT_NE(lost.message().find("already exists"), std::string::npos) << lost.ToString();
+    EXPECT_TRUE(VerifyShardSet(out, {}).ok());
+  }
+}
+
+TEST(PackSafety, WaitsForAHeldOutLockAndSaysWhichFile) {
+  testing::ScratchDir d;
+  MakeImageFolder(d / "src");
+  Result<FileLock> held = FileLock::Acquire(PackLockPath(d / "out"), nullptr, nullptr);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  std::vector<std::string> waited;
+  PackOptions o = Opts();
+  o.on_wait = [&](const std::string& lock_file) {
+    waited.push_back(lock_file);
+    held->Release();  // the other pack finishes
+  };
+  Result<PackSummary> s = PackImageFolder(d / "src", d / "out", "train", o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(waited, (std::vector<std::string>{d / "out.pack-lock"}));
+
+  // Interrupted while waiting: Aborted, nothing written.
+  held = FileLock::Acquire(PackLockPath(d / "out2"), nullptr, nullptr);
+  ASSERT_TRUE(held.ok());
+  std::atomic<bool> cancel{false};
+  o.cancel = &cancel;
+  o.on_wait = [&](const std::string&) { cancel = true; };
+  Status st = PackImageFolder(d / "src", d / "out2", "train", o).status();
+  EXPECT_EQ(st.code(), StatusCode::kAborted);
+  EXPECT_NE(st.message().find("waiting for the lock " + d / "out2.pack-lock"), std::string::npos)
+      << st.ToString();
+  EXPECT_FALSE(PathExists(d / "out2"));
+}
+
+TEST(PackSafety, TemporaryWithAHeldLockIsKeptWhateverItsPid) {
+  testing::ScratchDir d;
+  ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 20, .test = 5}).ok());
+  // pid 2^22 + 7 is above pid_max on Linux: no such process here. The
+  // temporary's owner may run in another PID namespace, so only its lock counts.
+  const std::string held_tmp = d / "out.tmp-4194311";
+  const std::string stale_tmp = d / "out.tmp-4194312";
+  ASSERT_NE(::kill(4194311, 0), 0);
+  ASSERT_TRUE(MakeDirs(held_tmp + "/train").ok());
+  ASSERT_TRUE(MakeDirs(stale_tmp + "/train").ok());
+  testing::WriteText(stale_tmp + "/.pack-lock", "");  // a lock file no one holds
+  // Held through another open file description, as another process would.
+  const int fd = ::open((held_tmp + "/.pack-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw)).ok());
+  EXPECT_TRUE(PathExists(held_tmp + "/train")) << "a temporary in use was removed";
+  EXPECT_FALSE(PathExists(stale_tmp)) << "a stale temporary was kept";
+  ::close(fd);
+  // Once its lock is free it is stale: the next pack into OUT removes it.
+  PackOptions o = Opts(PackEncoding::kRaw);
+  o.force = true;
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, o).ok());
+  EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"out", "src"}));
+}
+
+TEST(PackSafety, ForceNeverDeletesTheSourceOrANonShardSet) {
+  testing::ScratchDir d;
+  MakeImageFolder(d / "fsrc/train");
+  testing::WriteText(d / "fsrc/notes.txt", "keep me");
+  std::error_code ec;
+  fs::create_directory_symlink(d / "fsrc", d / "link2", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  PackOptions force = Opts();
+  force.force = true;
+  force.replace_non_shard_set = true;  // not even this deletes the source
+  struct Case {
+    std::string src, out, want;
+  } cases[] = {
+      {d / "fsrc/train", d / "fsrc", "inside OUT"},          // OUT contains SRC
+      {d / "fsrc/train", d / "link2", "inside OUT"},         // ... through a symlink
+      {d / "fsrc/train", d / "fsrc/train", "inside"},        // the same directory
+      {d / "fsrc/train", d / "fsrc/train/a", "inside SRC"},  // SRC contains OUT
+  };
+  for (const Case& c : cases) {
+    Status s = PackImageFolder(c.src, c.out, "train", force).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.out << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.want), std::string::npos) << s.ToString();
+  }
+  ASSERT_TRUE(WriteFakeCifar100(d / "fsrc/c100", {.train = 10, .test = 5}).ok());
+  Status s = PackCifar100(d / "fsrc/c100", d / "fsrc", CifarLabel::kFine, force).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("inside OUT"), std::string::npos) << s.ToString();
+  EXPECT_EQ(Listing(d / "fsrc"), (std::vector<std::string>{"c100", "notes.txt", "train"}));
+  EXPECT_EQ(Listing(d / "fsrc/train"), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(Listing(d / "fsrc/train/a").size(), 4u);
+
+  // An OUT that is not a shard set: --force alone refuses, for both commands.
+  ASSERT_TRUE(MakeDirs(d / "other").ok());
+  testing::WriteText(d / "other/thesis.tex", "precious");
+  PackOptions only_force = Opts();
+  only_force.force = true;
+  for (bool cifar : {true, false}) {
+    Status r =
+        cifar ? PackCifar100(d / "fsrc/c100", d / "other", CifarLabel::kFine, only_force).status()
+              : PackImageFolder(d / "fsrc/train", d / "other", "train", only_force).status();
+    EXPECT_EQ(r.code(), StatusCode::kAlreadyExists) << r.ToString();
+    EXPECT_NE(r.message().find("is not a shard set"), std::string::npos) << r.ToString();
+    EXPECT_NE(r.message().find("--replace-non-shard-set"), std::string::npos) << r.ToString();
+    EXPECT_TRUE(PathExists(d / "other/thesis.tex"));
+  }
+  // Named plainly, it is replaced.
+  PackOptions replace = Opts();
+  replace.replace_non_shard_set = true;
+  ASSERT_TRUE(PackImageFolder(d / "fsrc/train", d / "other", "train", replace).ok());
+  EXPECT_FALSE(PathExists(d / "other/thesis.tex"));
+  EXPECT_TRUE(VerifyShardSet(d / "other", {}).ok());
+}
+
+TEST(PackSafety, NamesThatAreNotUtf8PackAndReadBackExactly) {
+  testing::ScratchDir d;
+  const std::string cls = "caf\xe9";        // Latin-1, not UTF-8
+  const std::string bad = "bad\xff.jpg";    // a skipped file with such a name
+  const std::string slash = "back\\slash";  // the escape character itself
+  for (const std::string& c : {cls, slash, std::string("z\xc3\xa9")}) {
+    ASSERT_TRUE(MakeDirs(d / ("src/" + c)).ok());
+    testing::WriteBytes(d / ("src/" + c + "/img\xfe.png"),
+                        *EncodePng(testing::PatternImage(8, 8, 3)));
+  }
+  testing::WriteText(d / ("src/" + cls + "/" + bad), "not an image");
+  PackOptions o = Opts();
+  o.skip_bad = true;
+  Result<PackSummary> s = PackImageFolder(d / "src", d / ("out\xf0"), "train", o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->samples, 3u);
+  Result<Manifest> m = LoadManifest(d / ("out\xf0"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->classes, (std::vector<std::string>{slash, cls, "z\xc3\xa9"}));
+  ASSERT_EQ(m->splits.at("train").skipped.size(), 1u);
+  EXPECT_EQ(m->splits.at("train").skipped[0].path, d / ("src/" + cls + "/" + bad));
+  EXPECT_EQ(m->source_path, d / "src");
+  const std::string text = *ReadFileToString(d / ("out\xf0/manifest.json"));
+  EXPECT_NE(text.find("\"caf\\\\xE9\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"back\\\\\\\\slash\""), std::string::npos) << text;
+  EXPECT_TRUE(VerifyShardSet(d / ("out\xf0"), {}).ok());
+  EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"out\xf0", "src"}));
+}
+
+// Runs `body` in a child process (for resource limits) and returns its exit
+// code; the child prints what it checks.
+int InChild(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(body());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+TEST(PackSafety, PacksUnderAnAddressSpaceLimitGrowingTheMap) {
+  testing::ScratchDir d;
+  // 24,000 raw records of 3,104 bytes: about 90 MiB in one shard, more than
+  // the first map, so the map grows.
+  ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 24000, .test = 10}).ok());
+  const int rc = InChild([&] {
+    struct rlimit lim {};
+    lim.rlim_cur = lim.rlim_max = 8000000ull * 1024;  // ulimit -v 8000000
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) return 2;
+    Result<PackSummary> s =
+        PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw, 2));
+    if (!s.ok()) std::fprintf(stderr, "child: %s\n", s.status().ToString().c_str());
+    return s.ok() ? 0 : 1;
+  });
+  ASSERT_EQ(rc, 0);
+  VerifyReport rep = VerifyShardSet(d / "out", {.quick = true});
+  EXPECT_TRUE(rep.ok());
+  EXPECT_EQ(rep.records_checked, 24010u);
+  EXPECT_GT(*FileSize(d / "out/train/shard-00000/data.mdb"), uint64_t{64} << 20);
+}
+
+TEST(PackSafety, FileSizeLimitIsNamedNotInputOutputError) {
+  testing::ScratchDir d;
+  ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 2000, .test = 10}).ok());
+  const std::string msg_file = d / "msg";
+  const int rc = InChild([&] {
+    std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim {};
+    lim.rlim_cur = lim.rlim_max = 2 << 20;  // ulimit -f 2048
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return 2;
+    Status s =
+        PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts(PackEncoding::kRaw, 1)).status();
+    const std::string text = s.ToString();
+    FILE* f = std::fopen(msg_file.c_str(), "w");
+    if (!f) return 3;
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    return s.ok() ? 1 : 0;
+  });
+  ASSERT_EQ(rc, 0);
+  const std::string msg = *ReadFileToString(msg_file);
+  EXPECT_NE(msg.find("train/shard-00000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("file-size limit (ulimit -f) of 2097152 bytes"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("Input/output error"), std::string::npos) << msg;
+  EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"msg", "src"}));
+}
+
+TEST(PackSafety, DiskFullMessagesSayNoSpaceAndNameTheFile) {
+  testing::ScratchDir d;
+  const std::string file = d / "train/shard-00000/data.mdb";
+  Status s = LmdbWriteStatus(ENOSPC, "cannot commit shard train/shard-00000", file);
+  EXPECT_EQ(s.code(), StatusCode::kIOError);
+  EXPECT_EQ(s.message().rfind("cannot commit shard train/shard-00000: no space left on device "
+                              "writing " +
+                                  file,
+                              0),
+            0u)
+      << s.ToString();
+  // A plain EIO with space to spare stays what it is.
+  Status eio = LmdbWriteStatus(EIO, "cannot commit shard x", d / "data.mdb");
+  EXPECT_EQ(eio.message(), "cannot commit shard x: Input/output error");
+  EXPECT_EQ(Status::FromErrno("cannot write m.json", ENOSPC).message(),
+            "cannot write m.json: No space left on device");
 }
 
 }  // namespace

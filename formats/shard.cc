@@ -12,9 +12,12 @@
 namespace nl {
 namespace {
 
-// Writers reserve address space generously (nothing is allocated until
-// written); readers map only the file's size.
-constexpr size_t kWriterMapSize = size_t{1} << 40;
+// Writers start with a modest map and grow it between transactions as the
+// shard grows (a fixed huge reservation fails under an address-space limit,
+// ulimit -v); readers map only the file's size.
+constexpr uint64_t kInitialMapSize = uint64_t{64} << 20;
+// Kept free beyond the estimate: branch pages copied on write, the free list.
+constexpr uint64_t kMapSlack = uint64_t{4} << 20;
 // Small transactions let LMDB recycle its dirty pages instead of allocating
 // (and faulting in) fresh ones for every record.
 constexpr uint64_t kTxnBytes = 4ull << 20;
@@ -47,12 +50,59 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
   MDB_env* env = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_create(&env), "mdb_env_create"));
   w->env_.reset(env);
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, kWriterMapSize), "mdb_env_set_mapsize"));
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, kInitialMapSize), "mdb_env_set_mapsize"));
+  w->map_size_ = kInitialMapSize;
   // One writer, no readers while packing: no lock file needed.
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_NOLOCK | MDB_NOSYNC, 0644),
-                                "cannot open shard " + dir));
+  const int rc = mdb_env_open(env, dir.c_str(), MDB_NOLOCK | MDB_NOSYNC, 0644);
+  if (rc == ENOMEM) {
+    const std::string limit = AddressSpaceLimitNote();
+    return Status::ResourceExhausted(
+        "cannot open shard " + dir + " with a map of " + std::to_string(kInitialMapSize >> 20) +
+        " MiB" + (limit.empty() ? "" : " (" + limit + ")") + ": " + mdb_strerror(rc));
+  }
+  NL_RETURN_IF_ERROR(LmdbWriteStatus(rc, "cannot open shard " + dir, dir + "/data.mdb"));
+  MDB_stat st;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_stat(env, &st), "mdb_env_stat " + dir));
+  w->page_size_ = st.ms_psize;
   NL_RETURN_IF_ERROR(w->BeginTxn());
   return w;
+}
+
+Status ShardWriter::CommitTxn() {
+  const std::string dir = root_ + "/" + rel_path_;
+  NL_RETURN_IF_ERROR(
+      LmdbWriteStatus(txn_.Commit(), "cannot commit shard " + dir, dir + "/data.mdb"));
+  MDB_envinfo info;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_info(env_.get(), &info), "mdb_env_info " + dir));
+  used_ = (uint64_t{info.me_last_pgno} + 1) * page_size_;
+  txn_need_ = 0;
+  return Status::Ok();
+}
+
+Status ShardWriter::Reserve(uint64_t need) {
+  if (used_ + txn_need_ + need + kMapSlack <= map_size_) return Status::Ok();
+  // The map can only change between transactions.
+  NL_RETURN_IF_ERROR(CommitTxn());
+  // Room for this record and a few more whole transactions; the map at
+  // least doubles, so a shard of N bytes remaps about log2(N / 64 MiB) times.
+  const uint64_t want = used_ + need + 4 * kTxnBytes + kMapSlack;
+  if (want > map_size_) {
+    const uint64_t grown =
+        std::max(map_size_ * 2, (want + (1 << 20) - 1) & ~uint64_t{(1 << 20) - 1});
+    const std::string dir = root_ + "/" + rel_path_;
+    const int rc = mdb_env_set_mapsize(env_.get(), grown);
+    if (rc != MDB_SUCCESS) {
+      const std::string limit = AddressSpaceLimitNote();
+      const std::string what = "cannot grow the LMDB map of shard " + dir + " from " +
+                               std::to_string(map_size_ >> 20) + " MiB to " +
+                               std::to_string(grown >> 20) + " MiB" +
+                               (limit.empty() ? "" : " (" + limit + ")");
+      if (rc == ENOMEM) return Status::ResourceExhausted(what + ": " + mdb_strerror(rc));
+      return LmdbStatus(rc, what);
+    }
+    map_size_ = grown;
+  }
+  return BeginTxn();
 }
 
 Status ShardWriter::BeginTxn() {
@@ -72,18 +122,33 @@ Status ShardWriter::Put(uint64_t index, std::span<const uint8_t> value) {
                                    " written out of order (expected " +
                                    std::to_string(first_index_ + count_) + ")");
   }
+  // Worst case per record: a value over about half a page goes to overflow
+  // pages of its own (plus a node in a leaf); a smaller one into leaf pages,
+  // which appending leaves at least half full.
+  const uint64_t page = page_size_;
+  const uint64_t need = value.size() + 32 > page / 2
+                            ? (value.size() + 16 + page - 1) / page * page + 64
+                            : 2 * (value.size() + 24);
+  NL_RETURN_IF_ERROR(Reserve(need));
   unsigned char key[8];
   EncodeKey(index, key);
   MDB_val k{8, key};
   MDB_val v{value.size(), const_cast<uint8_t*>(value.data())};
-  NL_RETURN_IF_ERROR(LmdbStatus(
-      mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND),
-      "cannot write index " + std::to_string(index) + " to shard " + root_ + "/" + rel_path_));
+  if (const int rc = mdb_put(txn_.get(), dbi_, &k, &v, MDB_APPEND); rc != MDB_SUCCESS) {
+    const std::string dir = root_ + "/" + rel_path_;
+    const std::string what = "cannot write index " + std::to_string(index) + " to shard " + dir;
+    if (rc == MDB_MAP_FULL) {
+      return Status::ResourceExhausted(what + ": its LMDB map of " +
+                                       std::to_string(map_size_ >> 20) + " MiB is full");
+    }
+    return LmdbWriteStatus(rc, what, dir + "/data.mdb");
+  }
   crc_ = ExtendChecksum(crc_, index, value);
   ++count_;
   txn_bytes_ += value.size() + 8;
+  txn_need_ += need;
   if (txn_bytes_ >= kTxnBytes) {
-    NL_RETURN_IF_ERROR(LmdbStatus(txn_.Commit(), "cannot commit shard " + root_ + "/" + rel_path_));
+    NL_RETURN_IF_ERROR(CommitTxn());
     NL_RETURN_IF_ERROR(BeginTxn());
   }
   return Status::Ok();
@@ -92,8 +157,9 @@ Status ShardWriter::Put(uint64_t index, std::span<const uint8_t> value) {
 Result<ShardInfo> ShardWriter::Finish() {
   if (!env_) return Status::InvalidArgument("ShardWriter::Finish called twice");
   const std::string dir = root_ + "/" + rel_path_;
-  NL_RETURN_IF_ERROR(LmdbStatus(txn_.Commit(), "cannot commit shard " + dir));
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_sync(env_.get(), 1), "cannot sync shard " + dir));
+  NL_RETURN_IF_ERROR(CommitTxn());
+  NL_RETURN_IF_ERROR(
+      LmdbWriteStatus(mdb_env_sync(env_.get(), 1), "cannot sync shard " + dir, dir + "/data.mdb"));
   env_.reset();
   ShardInfo info;
   info.path = rel_path_;

@@ -40,6 +40,11 @@ class ShardWriter {
  private:
   ShardWriter() = default;
   Status BeginTxn();
+  // Commits the open transaction and notes the pages now in use.
+  Status CommitTxn();
+  // Makes room in the map for `need` more bytes in this transaction, ending
+  // it and growing the map when needed; leaves a transaction open.
+  Status Reserve(uint64_t need);
 
   std::string root_, rel_path_;
   LmdbEnv env_;
@@ -47,6 +52,10 @@ class ShardWriter {
   MDB_dbi dbi_ = 0;
   uint64_t first_index_ = 0, count_ = 0;
   uint64_t txn_bytes_ = 0;
+  uint64_t map_size_ = 0;  // current LMDB map size
+  uint64_t used_ = 0;      // bytes of pages in use after the last commit
+  uint64_t txn_need_ = 0;  // worst-case bytes the open transaction may take
+  uint32_t page_size_ = 4096;
   uint32_t crc_ = 0;
 };
 

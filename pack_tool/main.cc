@@ -104,7 +104,7 @@ int Info(const std::string& root, bool as_json) {
   if (!m.ok()) return Fail(m.status());
   if (as_json) {
     auto j = nlohmann::json::parse(nl::ManifestToJson(*m));
-    j["root"] = root;
+    j["root"] = nl::EscapeManifestString(root);
     for (auto& [name, s] : j["splits"].items()) {
       s["total_bytes"] = m->splits.at(name).total_bytes();
       s["num_shards"] = m->splits.at(name).shards.size();
@@ -155,7 +155,12 @@ int main(int argc, char** argv) {
     c->add_option("--encoding", *encoding, enc_help)->capture_default_str();
     c->add_option("--shards", opts.shards, "Shards per split (default: one per 100,000 samples)");
     c->add_option("--threads", opts.threads, "Decode threads (default: all allowed cores)");
-    c->add_flag("--force", opts.force, "Replace an existing OUT (or split)");
+    c->add_flag("--force", opts.force,
+                "Replace an existing OUT that is a shard set (or an existing split); never "
+                "deletes anything else");
+    c->add_flag("--replace-non-shard-set", opts.replace_non_shard_set,
+                "Delete and replace an existing OUT even when it is not a shard set (implies "
+                "--force). OUT inside SRC, or SRC inside OUT, is always refused");
     c->add_option("--max-megapixels", max_mp, "Largest image accepted, in megapixels")
         ->capture_default_str();
     c->add_option("--test-kill-after", kill_after, "Testing: SIGKILL self after N samples")
@@ -221,6 +226,10 @@ int main(int argc, char** argv) {
   opts.cancel = &g_cancel;
   ProgressPrinter printer(kill_after, interrupt_after);
   opts.progress = [&printer](const nl::PackProgress& p) { printer(p); };
+  opts.on_wait = [&out](const std::string& lock_file) {
+    std::fprintf(stderr, "pack_tool: waiting for another pack into %s to finish (lock file %s)\n",
+                 out.c_str(), lock_file.c_str());
+  };
 
   if (cifar->parsed() || imf->parsed()) {
     nl::Result<nl::PackEncoding> enc =
