@@ -2,9 +2,10 @@
 # Hostile inputs end to end: bad images that must not poison the next ones,
 # damaged shard sets that must be reported (never a signal or an uncaught
 # exception), and command-line counts out of range.
-# Usage: hostile_input_cli_test.sh PACK_TOOL
+# Usage: hostile_input_cli_test.sh PACK_TOOL LOADER_BENCH
 set -uo pipefail
 PT=$1
+LB=$2
 . "$(dirname "$0")/cli_lib.sh"
 
 # A shard set written by Python (lmdb module) from crafted records, so it can
@@ -112,6 +113,12 @@ lines = open(sys.argv[1]).read().splitlines()
 idx = sorted(int(m.group(1)) for l in lines for m in [re.match(r"train/shard-00000 index (\d+): ", l)] if m)
 assert idx == [3, 7, 11, 15] and len(lines) == 4, lines
 PYEOF
+# The loader's decode threads share the decoder the same way.
+expect_rc_stdout 0 "loader_bench --on-bad-record skip, one thread, in index order" \
+  "$LB" --data "$W/trunc" --on-bad-record skip --threads-per-rank 1 --batch-size 4 --image-size 32 \
+  --bind off --no-shuffle --json
+expect_out '"skipped":4[,}]' "exactly the 4 truncated records are skipped"
+expect_out '"images":16[,}]' "every position is filled (each bad one by the next good one)"
 
 # --- truncated and empty data.mdb: Corruption naming the shard, never SIGBUS ---
 "$PT" fake-cifar100 "$W/c" --train 200 --test 10 >/dev/null && "$PT" cifar100 "$W/c" "$W/p" >/dev/null 2>&1
