@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,7 +139,7 @@ void WriteAll(const char* s, size_t n) {
   }
 }
 
-void OnSigbus(int sig, siginfo_t* si, void* ctx) {
+void OnSigbus(int sig, siginfo_t* si, void*) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(si->si_addr);
   for (auto& m : g_mapped) {
     const uintptr_t b = m.begin.load(std::memory_order_acquire);
@@ -152,16 +153,11 @@ void OnSigbus(int sig, siginfo_t* si, void* ctx) {
       break;
     }
   }
-  // Back to the previous disposition; returning re-runs the faulting access,
-  // which then ends the process as it would have without this handler.
-  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
-    if (g_previous_sigbus.sa_sigaction) {
-      ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
-      g_previous_sigbus.sa_sigaction(sig, si, ctx);
-      return;
-    }
-  }
+  // Back to the previous disposition. Returning re-runs the faulting access,
+  // which then ends the process (or reaches the previous handler) as it
+  // would have without this one; a SIGBUS sent by kill is raised again.
   ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+  if (si->si_code <= 0) ::raise(sig);
 }
 
 void InstallSigbusHandler() {
@@ -191,22 +187,33 @@ int RegisterMap(const std::string& data_path, const std::string& name) {
       if (m.begin.load(std::memory_order_relaxed) == b) return true;
     return false;
   };
-  uintptr_t begin = 0, end = 0;
+  // Prefer a range whose device matches too; some file systems (overlays)
+  // show another device in /proc/self/maps than stat does.
+  uintptr_t begin = 0, end = 0, inode_begin = 0, inode_end = 0;
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    unsigned long long b = 0, e = 0, inode = 0;
-    char perms[8], dev[16];
-    unsigned long long off = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %15s %llu", &b, &e, perms, &off, dev,
-                    &inode) != 6) {
+    unsigned long long b = 0, e = 0, off = 0, inode = 0;
+    unsigned dev_major = 0, dev_minor = 0;
+    char perms[8];
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &b, &e, perms, &off, &dev_major,
+                    &dev_minor, &inode) != 7) {
       continue;
     }
-    if (inode == st.st_ino && !taken(b)) {
+    if (inode != st.st_ino || taken(b)) continue;
+    if (dev_major == major(st.st_dev) && dev_minor == minor(st.st_dev)) {
       begin = static_cast<uintptr_t>(b);
       end = static_cast<uintptr_t>(e);
       break;
     }
+    if (inode_begin == 0) {
+      inode_begin = static_cast<uintptr_t>(b);
+      inode_end = static_cast<uintptr_t>(e);
+    }
+  }
+  if (begin == 0) {
+    begin = inode_begin;
+    end = inode_end;
   }
   if (begin == 0) return -1;
   for (size_t i = 0; i < kMaxMappedShards; ++i) {
