@@ -14,6 +14,12 @@ namespace {
 
 constexpr const char* kNames[] = {"train.bin", "test.bin", "fine_label_names.txt",
                                   "coarse_label_names.txt"};
+// The most each member of the official archive can be: CIFAR-100 has 50,000
+// train and 10,000 test records, and 100 / 20 short names. A member declaring
+// more is refused before anything is allocated, and reading stops at the
+// bound, so a decompression bomb costs at most this much memory.
+constexpr uint64_t kMaxMemberBytes[] = {50'000 * kCifarRecordSize, 10'000 * kCifarRecordSize,
+                                        64 << 10, 64 << 10};
 
 std::string BaseName(const std::string& p) {
   auto pos = p.find_last_of('/');
@@ -57,11 +63,26 @@ Status ReadFromArchive(const std::string& path, std::vector<uint8_t>* files[4]) 
     if (which < 0 || archive_entry_filetype(e) != AE_IFREG) continue;
     std::vector<uint8_t>& out = *files[which];
     out.clear();
-    if (archive_entry_size_is_set(e)) out.reserve(static_cast<size_t>(archive_entry_size(e)));
+    const uint64_t bound = kMaxMemberBytes[which];
+    const std::string member = "archive " + path + ", member " + archive_entry_pathname(e);
+    if (archive_entry_size_is_set(e)) {
+      const la_int64_t declared = archive_entry_size(e);
+      if (declared < 0 || static_cast<uint64_t>(declared) > bound) {
+        return Status::Corruption(member + " declares " + std::to_string(declared) +
+                                  " bytes; CIFAR-100's " + kNames[which] + " is at most " +
+                                  std::to_string(bound));
+      }
+      out.reserve(static_cast<size_t>(declared));
+    }
     char buf[1 << 16];
     la_ssize_t n;
-    while ((n = archive_read_data(a.get(), buf, sizeof buf)) > 0)
+    while ((n = archive_read_data(a.get(), buf, sizeof buf)) > 0) {
+      if (out.size() + static_cast<uint64_t>(n) > bound) {
+        return Status::Corruption(member + " holds more than " + std::to_string(bound) +
+                                  " bytes, the most CIFAR-100's " + kNames[which] + " can be");
+      }
       out.insert(out.end(), buf, buf + n);
+    }
     if (n < 0) {
       return Status::Corruption("archive " + path + ", member " + archive_entry_pathname(e) + ": " +
                                 archive_error_string(a.get()));
@@ -226,6 +247,11 @@ Status WriteFakeBin(const std::string& path, uint64_t n, std::mt19937_64& rng) {
 Status WriteFakeCifar100(const std::string& dir, const FakeCifarOptions& o) {
   if (o.train == 0 || o.test == 0)
     return Status::InvalidArgument("fake CIFAR-100 needs --train and --test > 0");
+  if (o.train > kMaxFakeCifarImages || o.test > kMaxFakeCifarImages) {
+    return Status::InvalidArgument("fake CIFAR-100 of " + std::to_string(o.train) + " train and " +
+                                   std::to_string(o.test) + " test images: at most " +
+                                   std::to_string(kMaxFakeCifarImages) + " each");
+  }
   NL_RETURN_IF_ERROR(MakeDirs(dir));
   std::mt19937_64 rng(o.seed);
   NL_RETURN_IF_ERROR(WriteFakeBin(dir + "/train.bin", o.train, rng));

@@ -53,6 +53,9 @@ class CifarSplitSource : public SampleSource {
 // test.bin and the two name files). Images carry class-dependent patterns a
 // network can learn (colour, stripe orientation and frequency per fine
 // class) plus noise; coarse label = fine / 5. Deterministic in `seed`.
+// The most images --train / --test may ask for (20 x CIFAR-100's 50,000;
+// the split is built in memory, 3074 bytes an image).
+inline constexpr uint64_t kMaxFakeCifarImages = 1'000'000;
 struct FakeCifarOptions {
   uint64_t train = 5000;
   uint64_t test = 1000;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "formats/file_util.h"
@@ -95,6 +96,71 @@ TEST(Cifar, ReadsTheTarballWithoutUnpacking) {
 
   testing::WriteText(dir / "broken.tar.gz", "not a tarball");
   EXPECT_FALSE(ReadCifar100(dir / "broken.tar.gz").ok());
+}
+
+// ---- hostile archives: bounded by what CIFAR-100 can be ----
+
+// A ustar header for `name` declaring `size` bytes (base-256 when it does not
+// fit in octal, as GNU tar writes it), with a valid checksum.
+std::string TarHeader(const std::string& name, uint64_t size) {
+  std::string h(512, '\0');
+  h.replace(0, name.size(), name);
+  h.replace(100, 7, "0000644");
+  h.replace(108, 7, "0000000");
+  h.replace(116, 7, "0000000");
+  h[124] = static_cast<char>(0x80);  // base-256 size, big-endian in bytes 125..135
+  for (int i = 0; i < 8; ++i) h[135 - i] = static_cast<char>((size >> (8 * i)) & 0xFF);
+  h.replace(136, 11, "00000000000");
+  h[156] = '0';
+  h.replace(257, 6, std::string("ustar\0", 6));
+  h.replace(263, 2, "00");
+  h.replace(148, 8, "        ");
+  unsigned sum = 0;
+  for (unsigned char c : h) sum += c;
+  char chk[8];
+  std::snprintf(chk, sizeof chk, "%06o", sum);
+  h.replace(148, 7, std::string(chk, 6) + '\0');
+  return h;
+}
+
+TEST(Cifar, MemberDeclaringHugeSizeRefusedBeforeAllocating) {
+  testing::ScratchDir dir;
+  const std::string tar = dir / "cifar-100-binary.tar";
+  testing::WriteText(
+      tar, TarHeader("cifar-100-binary/train.bin", uint64_t{1} << 62) + std::string(4096, 'x'));
+  Result<CifarFiles> r = ReadCifar100(tar);
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_EQ(r.status().message(), "archive " + tar +
+                                      ", member cifar-100-binary/train.bin declares "
+                                      "4611686018427387904 bytes; CIFAR-100's train.bin is at "
+                                      "most 153700000");
+}
+
+TEST(Cifar, CompressedBombRefusedFromItsDeclaredSize) {
+  testing::ScratchDir dir;
+  const std::string src = dir / "cifar-100-binary";
+  ASSERT_TRUE(WriteFakeCifar100(src, {.train = 2, .test = 2}).ok());
+  // 2 MiB of zeros as a name file: a few KiB once gzipped.
+  testing::WriteText(src + "/fine_label_names.txt", std::string(2 << 20, '\0'));
+  const std::string tgz = dir / "bomb.tar.gz";
+  ASSERT_EQ(std::system(("tar -C " + dir.path() + " -czf " + tgz + " cifar-100-binary").c_str()),
+            0);
+  Result<CifarFiles> r = ReadCifar100(tgz);
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("member cifar-100-binary/fine_label_names.txt declares "
+                                      "2097152 bytes; CIFAR-100's fine_label_names.txt is at "
+                                      "most 65536"),
+            std::string::npos)
+      << r.status().ToString();
+}
+
+TEST(Cifar, FakeCountsAreBounded) {
+  testing::ScratchDir dir;
+  Status s = WriteFakeCifar100(dir / "x", {.train = kMaxFakeCifarImages + 1, .test = 1});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("at most 1000000 each"), std::string::npos) << s.ToString();
+  s = WriteFakeCifar100(dir / "x", {.train = ~uint64_t{0}, .test = 1});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
 }
 
 }  // namespace

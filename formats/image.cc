@@ -76,6 +76,15 @@ Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limit
   }
 }
 
+Status CheckDecodedShape(const RecordHeader& header, const Image& image) {
+  if (image.width != header.width || image.height != header.height) {
+    return Status::Corruption("image decodes to " + std::to_string(image.width) + "x" +
+                              std::to_string(image.height) + " but the header says " +
+                              std::to_string(header.width) + "x" + std::to_string(header.height));
+  }
+  return Status::Ok();
+}
+
 Result<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
   Image img;
   NL_RETURN_IF_ERROR(DecodeImageInto(bytes, limits, &img));

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "formats/record.h"
 #include "formats/status.h"
 
 namespace nl {
@@ -29,7 +30,7 @@ ImageFormat DetectImageFormat(std::span<const uint8_t> bytes);
 
 struct DecodeLimits {
   // Checked from the header, before any pixel buffer is allocated.
-  uint64_t max_pixels = 64ull << 20;
+  uint64_t max_pixels = kDefaultMaxPixels;
 };
 
 struct ImageInfo {
@@ -47,6 +48,11 @@ Result<ImageInfo> ReadImageInfo(std::span<const uint8_t> bytes);
 Result<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeLimits& limits = {});
 // As DecodeImage, reusing out->pixels' capacity.
 Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
+
+// That a record's decoded payload has the size its header states: Corruption
+// "image decodes to WxH but the header says WxH" otherwise (the caller adds
+// where the record is). Readers that trust the header's shape call this.
+Status CheckDecodedShape(const RecordHeader& header, const Image& image);
 
 // Format-specific entry points (DecodeImage dispatches to these).
 Status DecodePngInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <thread>
 
 #include "formats/test_util.h"
 
@@ -301,7 +302,8 @@ TEST(BadInput, TruncatedJpegIsAnError) {
     EXPECT_EQ(s.code(), StatusCode::kCorruption) << "length " << n << ": " << s.ToString();
   }
   std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + jpg.size() / 2);
-  EXPECT_NE(DecodeImage(cut).status().message().find("corrupt JPEG"), std::string::npos);
+  EXPECT_NE(DecodeImage(cut).status().message().find("corrupt JPEG"), std::string::npos)
+      << DecodeImage(cut).status().ToString();
 }
 
 TEST(BadInput, HugePngHeaderRejectedBeforeAllocation) {
@@ -332,6 +334,89 @@ TEST(BadInput, LimitIsAdjustable) {
   EXPECT_TRUE(DecodeImage(png, {.max_pixels = 400}).ok());
   std::vector<uint8_t> jpg = *EncodeJpeg(src.pixels, 20, 20, 3);
   EXPECT_EQ(DecodeImage(jpg, {.max_pixels = 399}).status().code(), StatusCode::kResourceExhausted);
+}
+
+// ---- one decoder per thread: a bad image must not poison the next ----
+
+// Offset of the first byte after the DQT marker's length field (the Pq/Tq byte).
+size_t DqtTableByte(const std::vector<uint8_t>& jpg) {
+  for (size_t i = 2; i + 4 < jpg.size(); ++i) {
+    if (jpg[i] == 0xFF && jpg[i + 1] == 0xDB) return i + 4;
+  }
+  return 0;
+}
+size_t FirstSos(const std::vector<uint8_t>& jpg) {
+  for (size_t i = 2; i + 1 < jpg.size(); ++i) {
+    if (jpg[i] == 0xFF && jpg[i + 1] == 0xDA) return i;
+  }
+  return 0;
+}
+
+TEST(BadInput, BadJpegDoesNotPoisonTheThreadsDecoder) {
+  Image src = Smooth(48, 32);
+  const std::vector<uint8_t> good = *EncodeJpeg(src.pixels, 48, 32, 3);
+  const Image want = *DecodeImage(good);  // decoded alone, on a fresh decoder
+  std::vector<uint8_t> bad_dqt = good;
+  const size_t dqt = DqtTableByte(good);
+  ASSERT_GT(dqt, 0u);
+  bad_dqt[dqt] |= 0x0F;  // table index 15: "Bogus DQT index 15"
+  const std::vector<uint8_t> before_scan(good.begin(), good.begin() + FirstSos(good));
+  const std::vector<uint8_t> truncated(good.begin(), good.begin() + good.size() / 2);
+  std::vector<uint8_t> garbage_header = {0xFF, 0xD8, 0xFF, 0x00, 'g', 'a', 'r', 'b', 'a', 'g', 'e'};
+  garbage_header.resize(64, 0x11);
+
+  // Each bad one's reason when decoded alone, each on a fresh thread.
+  const std::vector<std::vector<uint8_t>> bads = {bad_dqt, before_scan, truncated, garbage_header};
+  std::vector<std::string> alone;
+  for (const auto& b : bads) {
+    std::string msg;
+    std::thread([&] { msg = DecodeImage(b).status().ToString(); }).join();
+    alone.push_back(msg);
+  }
+  EXPECT_NE(alone[0].find("Bogus DQT index 15"), std::string::npos) << alone[0];
+
+  // Alternating on this thread: every good one decodes to the same pixels,
+  // every bad one fails with its own reason, twice over.
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < bads.size(); ++i) {
+      Result<Image> g = DecodeImage(good);
+      ASSERT_TRUE(g.ok()) << "round " << round << ", after bad " << i << ": "
+                          << g.status().ToString();
+      EXPECT_EQ(g->pixels, want.pixels);
+      Result<ImageInfo> info = ReadImageInfo(good);
+      ASSERT_TRUE(info.ok()) << info.status().ToString();
+      EXPECT_EQ(info->width, 48u);
+      Status s = DecodeImage(bads[i]).status();
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+      EXPECT_EQ(s.ToString(), alone[i]) << "bad " << i << " in round " << round;
+    }
+  }
+}
+
+TEST(BadInput, BadPngDoesNotPoisonTheNextDecode) {
+  Image src = testing::PatternImage(20, 20, 4);
+  const std::vector<uint8_t> good = *EncodePng(src);
+  std::vector<uint8_t> bad = good;
+  bad[bad.size() / 2] ^= 0xFF;
+  const std::vector<uint8_t> cut(good.begin(), good.begin() + good.size() / 2);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(DecodeImage(bad).status().code(), StatusCode::kCorruption);
+    Result<Image> g = DecodeImage(good);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->pixels, src.pixels);
+    EXPECT_NE(DecodeImage(cut).status().message().find("truncated PNG"), std::string::npos);
+  }
+}
+
+TEST(BadInput, GarbageJpegHeaderSaysSo) {
+  std::vector<uint8_t> garbage = {0xFF, 0xD8, 0xFF, 0x00, 'n', 'o', 'p', 'e'};
+  garbage.resize(64, 0x11);
+  for (int i = 0; i < 2; ++i) {
+    Status s = DecodeImage(garbage).status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption);
+    EXPECT_NE(s.message().find("not a valid JPEG header"), std::string::npos) << s.ToString();
+    EXPECT_EQ(s.message().find("empty image"), std::string::npos) << s.ToString();
+  }
 }
 
 }  // namespace

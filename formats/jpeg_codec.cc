@@ -17,10 +17,29 @@ struct TjDeleter {
 };
 using TjHandle = std::unique_ptr<void, TjDeleter>;
 
-// One decompressor per thread: creating one costs more than decoding a small image.
+// One decompressor per thread: creating one costs more than decoding a small
+// image. libjpeg keeps state from a failed decode (quantisation tables, the
+// error state), which then fails the thread's next images too ("Bogus DQT
+// index", "empty image"): after any failure the handle is replaced.
+TjHandle& ThreadDecompressorSlot() {
+  thread_local TjHandle handle;
+  return handle;
+}
 tjhandle ThreadDecompressor() {
-  thread_local TjHandle handle(tjInitDecompress());
-  return handle.get();
+  TjHandle& h = ThreadDecompressorSlot();
+  if (!h) h.reset(tjInitDecompress());
+  return h.get();
+}
+void DiscardThreadDecompressor() { ThreadDecompressorSlot().reset(); }
+
+// Runs `body` with this thread's decompressor; a failed body discards it.
+template <typename Body>
+auto WithDecompressor(Body body) -> decltype(body(tjhandle{})) {
+  tjhandle h = ThreadDecompressor();
+  if (!h) return Status::Internal("TurboJPEG: cannot create a decompressor");
+  auto result = body(h);
+  if (!result.ok()) DiscardThreadDecompressor();
+  return result;
 }
 
 std::string TjError(tjhandle h) { return tjGetErrorStr2(h); }
@@ -28,9 +47,13 @@ std::string TjError(tjhandle h) { return tjGetErrorStr2(h); }
 Status ReadHeader(tjhandle h, std::span<const uint8_t> bytes, int* w, int* ht, int* subsamp,
                   int* colorspace) {
   if (tjDecompressHeader3(h, bytes.data(), bytes.size(), w, ht, subsamp, colorspace) != 0) {
-    return Status::Corruption("corrupt JPEG header: " + TjError(h));
+    return Status::Corruption("corrupt JPEG: not a valid JPEG header (libjpeg: " + TjError(h) +
+                              ")");
   }
-  if (*w <= 0 || *ht <= 0) return Status::Corruption("JPEG with an empty image");
+  if (*w <= 0 || *ht <= 0) {
+    return Status::Corruption("corrupt JPEG: not a valid JPEG header (it declares a " +
+                              std::to_string(*w) + "x" + std::to_string(*ht) + " image)");
+  }
   return Status::Ok();
 }
 
@@ -53,41 +76,41 @@ void InvertedCmykToRgb(const uint8_t* cmyk, size_t n, uint8_t* rgb) {
 }  // namespace
 
 Result<ImageInfo> ReadJpegInfo(std::span<const uint8_t> bytes) {
-  tjhandle h = ThreadDecompressor();
-  if (!h) return Status::Internal("TurboJPEG: cannot create a decompressor");
-  int w = 0, ht = 0, ss = 0, cs = 0;
-  NL_RETURN_IF_ERROR(ReadHeader(h, bytes, &w, &ht, &ss, &cs));
-  return ImageInfo{ImageFormat::kJpeg, static_cast<uint32_t>(w), static_cast<uint32_t>(ht)};
+  return WithDecompressor([&](tjhandle h) -> Result<ImageInfo> {
+    int w = 0, ht = 0, ss = 0, cs = 0;
+    NL_RETURN_IF_ERROR(ReadHeader(h, bytes, &w, &ht, &ss, &cs));
+    return ImageInfo{ImageFormat::kJpeg, static_cast<uint32_t>(w), static_cast<uint32_t>(ht)};
+  });
 }
 
 Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out) {
-  tjhandle h = ThreadDecompressor();
-  if (!h) return Status::Internal("TurboJPEG: cannot create a decompressor");
-  int w = 0, ht = 0, subsamp = 0, colorspace = 0;
-  NL_RETURN_IF_ERROR(ReadHeader(h, bytes, &w, &ht, &subsamp, &colorspace));
-  if (static_cast<uint64_t>(w) * ht > limits.max_pixels) {
-    return Status::ResourceExhausted("JPEG of " + std::to_string(w) + "x" + std::to_string(ht) +
-                                     " pixels exceeds the limit of " +
-                                     std::to_string(limits.max_pixels) + " pixels");
-  }
-  // Warnings (e.g. "premature end of data segment") are errors: a damaged
-  // image must not be packed as if it were whole.
-  const int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
-  const size_t npx = static_cast<size_t>(w) * ht;
-  out->width = static_cast<uint32_t>(w);
-  out->height = static_cast<uint32_t>(ht);
-  out->pixels.resize(npx * 3);
-  int rc;
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    std::vector<uint8_t> cmyk(npx * 4);
-    rc = tjDecompress2(h, bytes.data(), bytes.size(), cmyk.data(), w, 0, ht, TJPF_CMYK, flags);
-    if (rc == 0) InvertedCmykToRgb(cmyk.data(), npx, out->pixels.data());
-  } else {
-    rc =
-        tjDecompress2(h, bytes.data(), bytes.size(), out->pixels.data(), w, 0, ht, TJPF_RGB, flags);
-  }
-  if (rc != 0) return Status::Corruption("corrupt JPEG: " + TjError(h));
-  return Status::Ok();
+  return WithDecompressor([&](tjhandle h) -> Status {
+    int w = 0, ht = 0, subsamp = 0, colorspace = 0;
+    NL_RETURN_IF_ERROR(ReadHeader(h, bytes, &w, &ht, &subsamp, &colorspace));
+    if (static_cast<uint64_t>(w) * ht > limits.max_pixels) {
+      return Status::ResourceExhausted("JPEG of " + std::to_string(w) + "x" + std::to_string(ht) +
+                                       " pixels exceeds the limit of " +
+                                       std::to_string(limits.max_pixels) + " pixels");
+    }
+    // Warnings (e.g. "premature end of data segment") are errors: a damaged
+    // image must not be packed as if it were whole.
+    const int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
+    const size_t npx = static_cast<size_t>(w) * ht;
+    out->width = static_cast<uint32_t>(w);
+    out->height = static_cast<uint32_t>(ht);
+    out->pixels.resize(npx * 3);
+    int rc;
+    if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+      std::vector<uint8_t> cmyk(npx * 4);
+      rc = tjDecompress2(h, bytes.data(), bytes.size(), cmyk.data(), w, 0, ht, TJPF_CMYK, flags);
+      if (rc == 0) InvertedCmykToRgb(cmyk.data(), npx, out->pixels.data());
+    } else {
+      rc = tjDecompress2(h, bytes.data(), bytes.size(), out->pixels.data(), w, 0, ht, TJPF_RGB,
+                         flags);
+    }
+    if (rc != 0) return Status::Corruption("corrupt JPEG: " + TjError(h));
+    return Status::Ok();
+  });
 }
 
 Result<std::vector<uint8_t>> EncodeJpeg(std::span<const uint8_t> pixels, uint32_t width,

@@ -159,6 +159,24 @@ std::string ManifestToJson(const Manifest& m) {
 
 namespace {
 
+// A shard path is relative, below the root: not empty, not absolute, no NUL
+// (the OS would stop at it and open another path), no "." or ".." component.
+bool SafeShardPath(const std::string& p) {
+  if (p.empty() || p[0] == '/' || p.find('\0') != std::string::npos) return false;
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find('/', start);
+    if (end == std::string::npos) end = p.size();
+    const std::string_view part(p.data() + start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// The path as text that shows a NUL (json escapes it).
+std::string Shown(const std::string& p) { return json(p).dump(); }
+
 Status CheckSplit(const std::string& name, const SplitInfo& s) {
   uint64_t next = 0;
   for (size_t i = 0; i < s.shards.size(); ++i) {
@@ -168,9 +186,14 @@ Status CheckSplit(const std::string& name, const SplitInfo& s) {
                                 " starts at index " + std::to_string(sh.first_index) +
                                 ", expected " + std::to_string(next));
     }
-    if (sh.path.empty() || sh.path[0] == '/' || sh.path.find("..") != std::string::npos) {
+    if (!SafeShardPath(sh.path)) {
       return Status::Corruption("split '" + name + "' shard " + std::to_string(i) +
-                                " has an unsafe path '" + sh.path + "'");
+                                " has an unsafe path " + Shown(sh.path) +
+                                " (it must be relative, non-empty, without NUL, '.' or '..')");
+    }
+    if (sh.count > UINT64_MAX - next) {
+      return Status::Corruption("split '" + name + "' shard " + std::to_string(i) + " count " +
+                                std::to_string(sh.count) + " overflows the index range");
     }
     next += sh.count;
   }
@@ -182,6 +205,17 @@ Status CheckSplit(const std::string& name, const SplitInfo& s) {
     return Status::Corruption("split '" + name + "' has unknown encoding '" + s.encoding + "'");
   }
   return Status::Ok();
+}
+
+// A count or size: a non-negative JSON integer (nlohmann would wrap -1 to
+// 2^64 - 1 and truncate 1.5). Errors name the field and quote the text.
+Result<uint64_t> GetCount(const json& obj, const char* field, const std::string& where) {
+  const json& v = obj.at(field);
+  if (!v.is_number_unsigned()) {
+    return Status::Corruption(where + " field '" + field +
+                              "' must be a non-negative integer, not " + v.dump());
+  }
+  return v.get<uint64_t>();
 }
 
 }  // namespace
@@ -201,18 +235,25 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
     m.source_path = src.at("path").get<std::string>();
     m.label_kind = src.value("label_kind", "");
     m.classes = j.at("classes").get<std::vector<std::string>>();
+    if (m.classes.empty()) {
+      return Status::Corruption(where +
+                                ": the manifest's class list is empty (labels could not "
+                                "be checked)");
+    }
     for (const auto& [name, js] : j.at("splits").items()) {
       SplitInfo s;
+      const std::string at_split = where + ": split '" + name + "'";
       s.source = js.value("source", "");
-      s.num_samples = js.at("num_samples").get<uint64_t>();
+      NL_ASSIGN_OR_RETURN(s.num_samples, GetCount(js, "num_samples", at_split));
       s.encoding = js.at("encoding").get<std::string>();
       if (!js.at("shape").is_null()) s.shape = js.at("shape").get<std::array<uint32_t, 3>>();
       for (const auto& jsh : js.at("shards")) {
         ShardInfo sh;
+        const std::string at_shard = at_split + " shard " + std::to_string(s.shards.size());
         sh.path = jsh.at("path").get<std::string>();
-        sh.first_index = jsh.at("first_index").get<uint64_t>();
-        sh.count = jsh.at("count").get<uint64_t>();
-        sh.bytes = jsh.at("bytes").get<uint64_t>();
+        NL_ASSIGN_OR_RETURN(sh.first_index, GetCount(jsh, "first_index", at_shard));
+        NL_ASSIGN_OR_RETURN(sh.count, GetCount(jsh, "count", at_shard));
+        NL_ASSIGN_OR_RETURN(sh.bytes, GetCount(jsh, "bytes", at_shard));
         sh.checksum = jsh.at("checksum").get<std::string>();
         s.shards.push_back(std::move(sh));
       }

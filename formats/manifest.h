@@ -64,7 +64,9 @@ std::string UnescapeManifestString(const std::string& escaped);
 // Never throws: every string is escaped to valid UTF-8 first.
 std::string ManifestToJson(const Manifest& m);
 // Parses and checks consistency: version, shards contiguous from 0 and
-// summing to num_samples, relative paths without "..".
+// summing to num_samples, counts and sizes non-negative integers, a non-empty
+// class list, shard paths relative, without NUL and without "." or ".."
+// components.
 Result<Manifest> ManifestFromJson(const std::string& json, const std::string& where);
 Result<Manifest> LoadManifest(const std::string& root);
 // Writes root/manifest.json atomically (temp file, fsync, rename).

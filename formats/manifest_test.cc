@@ -99,5 +99,88 @@ TEST(Manifest, EscapeIsLosslessForEveryByte) {
   EXPECT_EQ(UnescapeManifestString("a\\\\b\\xE9\\xe9\\q\\x4"), "a\\b\xe9\xe9\\q\\x4");
 }
 
+// ---- hostile manifests: refused, naming the field and quoting the text ----
+
+// The sample manifest's JSON with `from` replaced by `to` (first occurrence).
+std::string Edited(const std::string& from, const std::string& to) {
+  std::string j = ManifestToJson(Sample());
+  const size_t at = j.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) j.replace(at, from.size(), to);
+  return j;
+}
+
+TEST(Manifest, EmptyClassListRefused) {
+  std::string j = ManifestToJson(Sample());
+  const size_t a = j.find("\"classes\": [");
+  const size_t b = j.find(']', a);
+  j.replace(a, b - a + 1, "\"classes\": []");
+  Status s = ManifestFromJson(j, "m.json").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_EQ(s.message(),
+            "m.json: the manifest's class list is empty (labels could not be checked)");
+}
+
+TEST(Manifest, NegativeOrFractionalNumbersNamedNotWrapped) {
+  struct Case {
+    std::string from, to, want;
+  };
+  const Case cases[] = {
+      {"\"count\": 3", "\"count\": -1",
+       "m.json: split 'train' shard 0 field 'count' must be a non-negative integer, not -1"},
+      {"\"bytes\": 4096", "\"bytes\": -4096",
+       "m.json: split 'train' shard 1 field 'bytes' must be a non-negative integer, not -4096"},
+      {"\"count\": 3", "\"count\": 2.5",
+       "m.json: split 'train' shard 0 field 'count' must be a non-negative integer, not 2.5"},
+      {"\"first_index\": 3", "\"first_index\": \"3\"",
+       "m.json: split 'train' shard 1 field 'first_index' must be a non-negative integer, not "
+       "\"3\""},
+      {"\"num_samples\": 5", "\"num_samples\": -5",
+       "m.json: split 'train' field 'num_samples' must be a non-negative integer, not -5"},
+  };
+  for (const Case& c : cases) {
+    Status s = ManifestFromJson(Edited(c.from, c.to), "m.json").status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << c.to;
+    EXPECT_EQ(s.message(), c.want);
+    EXPECT_EQ(s.message().find("18446744073709551615"), std::string::npos);
+  }
+}
+
+TEST(Manifest, CountsThatOverflowRefused) {
+  Manifest m = Sample();
+  m.splits["train"].shards[0].count = 1ull << 63;
+  m.splits["train"].shards[1].first_index = 1ull << 63;
+  m.splits["train"].shards[1].count = 1ull << 63;
+  m.splits["train"].num_samples = 0;  // what 2^63 + 2^63 wraps to
+  Status s = ManifestFromJson(ManifestToJson(m), "m.json").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_EQ(s.message(),
+            "m.json: split 'train' shard 1 count 9223372036854775808 overflows the index range");
+}
+
+TEST(Manifest, UnsafeShardPathsRefused) {
+  for (const std::string& bad :
+       {std::string(""), std::string("/etc"), std::string("train/../../x"), std::string(".."),
+        std::string("train/./shard"), std::string("train//shard"), std::string("train\0/x", 8)}) {
+    Manifest m = Sample();
+    m.splits["train"].shards[0].path = bad;
+    Status s = ManifestFromJson(ManifestToJson(m), "m.json").status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << bad;
+    EXPECT_NE(s.message().find("m.json: split 'train' shard 0 has an unsafe path"),
+              std::string::npos)
+        << s.ToString();
+  }
+  Status nul = [] {
+    Manifest m = Sample();
+    m.splits["train"].shards[0].path = std::string("train\0/x", 8);
+    return ManifestFromJson(ManifestToJson(m), "m.json").status();
+  }();
+  EXPECT_NE(nul.message().find("\"train\\u0000/x\""), std::string::npos) << nul.ToString();
+  // Dots inside a name are fine.
+  Manifest m = Sample();
+  m.splits["train"].shards[0].path = "train/shard..v2";
+  EXPECT_TRUE(ManifestFromJson(ManifestToJson(m), "m.json").ok());
+}
+
 }  // namespace
 }  // namespace nl

@@ -29,6 +29,11 @@ inline constexpr uint32_t kRecordMagic = 0x4352'4C4Eu;  // bytes "NLRC"
 inline constexpr uint16_t kRecordVersion = 1;
 inline constexpr size_t kRecordHeaderSize = 32;
 inline constexpr uint32_t kMaxRecordDim = 1u << 20;
+// The pixel limit (width x height) used by default everywhere an image is
+// decoded or a record read: packing, verify, export and the loaders.
+// `--max-megapixels` changes it; megapixels are 2^20 pixels.
+inline constexpr uint64_t kDefaultMaxMegapixels = 64;
+inline constexpr uint64_t kDefaultMaxPixels = kDefaultMaxMegapixels << 20;
 
 struct RecordHeader {
   uint32_t label = 0;
@@ -41,8 +46,8 @@ struct RecordHeader {
 };
 
 struct RecordLimits {
-  uint64_t max_pixels = 64ull << 20;  // width * height
-  uint32_t num_classes = 0;           // labels must be < this; 0: not checked
+  uint64_t max_pixels = kDefaultMaxPixels;  // width * height
+  uint32_t num_classes = 0;                 // labels must be < this; 0: not checked
 };
 
 // A decoded record. `payload` points into the bytes given to DecodeRecord and

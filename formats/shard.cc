@@ -1,10 +1,17 @@
 #include "formats/shard.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
 
 #include "formats/crc32c.h"
 #include "formats/file_util.h"
@@ -170,11 +177,153 @@ Result<ShardInfo> ShardWriter::Finish() {
   return info;
 }
 
+namespace {
+
+// ---- naming the shard when a mapped page vanishes (SIGBUS) ----
+//
+// A shard truncated while it is mapped makes the next access to a page past
+// the new end raise SIGBUS. The handler cannot recover, but it names the
+// shard: it looks the faulting address up among the open readers' maps,
+// writes one line with write(2) (async-signal-safe), and re-raises with the
+// previous disposition.
+struct MappedShard {
+  std::atomic<uintptr_t> begin{0};  // 0: free slot
+  uintptr_t end = 0;
+  char name[480] = {};
+};
+constexpr size_t kMaxMappedShards = 4096;
+MappedShard g_mapped[kMaxMappedShards];
+std::mutex g_mapped_mu;  // serialises registration; the handler only reads
+struct sigaction g_previous_sigbus;
+
+void WriteAll(const char* s, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void OnSigbus(int sig, siginfo_t* si, void*) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(si->si_addr);
+  for (auto& m : g_mapped) {
+    const uintptr_t b = m.begin.load(std::memory_order_acquire);
+    if (b != 0 && addr >= b && addr < m.end) {
+      static const char kHead[] = "numa-loader: SIGBUS reading shard ";
+      static const char kTail[] =
+          ": its data.mdb is shorter than its map (truncated or replaced while open)\n";
+      WriteAll(kHead, sizeof kHead - 1);
+      WriteAll(m.name, ::strnlen(m.name, sizeof m.name));
+      WriteAll(kTail, sizeof kTail - 1);
+      break;
+    }
+  }
+  // Back to the previous disposition. Returning re-runs the faulting access,
+  // which then ends the process (or reaches the previous handler) as it
+  // would have without this one; a SIGBUS sent by kill is raised again.
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+  if (si->si_code <= 0) ::raise(sig);
+}
+
+void InstallSigbusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
+// LMDB does not say where it mapped a read-only environment (mdb_env_info's
+// me_mapaddr is the fixed address, null here), so the map is found in
+// /proc/self/maps by the file's inode: the first such range not already
+// registered. Returns the slot, or -1 when none is found or all slots are
+// taken (the shard is then read without a name on SIGBUS; nothing else
+// changes).
+int RegisterMap(const std::string& data_path, const std::string& name) {
+  struct stat st {};
+  if (::stat(data_path.c_str(), &st) != 0) return -1;
+  InstallSigbusHandler();
+  std::lock_guard lock(g_mapped_mu);
+  auto taken = [](uintptr_t b) {
+    for (const auto& m : g_mapped)
+      if (m.begin.load(std::memory_order_relaxed) == b) return true;
+    return false;
+  };
+  // Prefer a range whose device matches too; some file systems (overlays)
+  // show another device in /proc/self/maps than stat does.
+  uintptr_t begin = 0, end = 0, inode_begin = 0, inode_end = 0;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long long b = 0, e = 0, off = 0, inode = 0;
+    unsigned dev_major = 0, dev_minor = 0;
+    char perms[8];
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &b, &e, perms, &off, &dev_major,
+                    &dev_minor, &inode) != 7) {
+      continue;
+    }
+    if (inode != st.st_ino || taken(b)) continue;
+    if (dev_major == major(st.st_dev) && dev_minor == minor(st.st_dev)) {
+      begin = static_cast<uintptr_t>(b);
+      end = static_cast<uintptr_t>(e);
+      break;
+    }
+    if (inode_begin == 0) {
+      inode_begin = static_cast<uintptr_t>(b);
+      inode_end = static_cast<uintptr_t>(e);
+    }
+  }
+  if (begin == 0) {
+    begin = inode_begin;
+    end = inode_end;
+  }
+  if (begin == 0) return -1;
+  for (size_t i = 0; i < kMaxMappedShards; ++i) {
+    MappedShard& m = g_mapped[i];
+    if (m.begin.load(std::memory_order_relaxed) != 0) continue;
+    m.end = end;
+    const size_t n = std::min(name.size(), sizeof m.name - 1);
+    std::memcpy(m.name, name.data(), n);
+    m.name[n] = '\0';
+    m.begin.store(begin, std::memory_order_release);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void UnregisterMap(int slot) {
+  if (slot < 0) return;
+  std::lock_guard lock(g_mapped_mu);
+  g_mapped[slot].begin.store(0, std::memory_order_release);
+}
+
+}  // namespace
+
+ShardReader::~ShardReader() {
+  env_.reset();  // unmaps; only then may the slot be reused
+  UnregisterMap(map_slot_);
+}
+
 Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                                                        const ShardInfo& info) {
   const std::string dir = root + "/" + info.path;
   const std::string data = dir + "/data.mdb";
+  const std::string what = "cannot open shard " + info.path + " (" + data + ")";
   NL_ASSIGN_OR_RETURN(uint64_t size, FileSize(data));
+  // Pages past the end of the file would be mapped but not backed: touching
+  // them raises SIGBUS. So the size is checked before LMDB reads any page.
+  if (size == 0) {
+    return Status::Corruption(what + ": data.mdb is empty (0 bytes): the shard is truncated");
+  }
+  if (size < info.bytes) {
+    return Status::Corruption(what + ": data.mdb is " + std::to_string(size) +
+                              " bytes but the manifest says " + std::to_string(info.bytes) +
+                              ": the shard is truncated");
+  }
   std::unique_ptr<ShardReader> r(new ShardReader());
   r->info_ = info;
   MDB_env* env = nullptr;
@@ -185,12 +334,28 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, std::max<uint64_t>(size, 1 << 20)),
                                 "mdb_env_set_mapsize"));
   NL_RETURN_IF_ERROR(
-      LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444),
-                 "cannot open shard " + dir));
+      LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444), what));
+  // mdb_env_open read only the two meta pages (checked above to be in the
+  // file: it fails on a shorter one). LMDB's own last page must be too.
+  MDB_envinfo ei{};
+  MDB_stat es{};
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_info(env, &ei), what));
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_stat(env, &es), what));
+  const uint64_t needed = (uint64_t{ei.me_last_pgno} + 1) * es.ms_psize;
+  if (size < needed) {
+    return Status::Corruption(what + ": data.mdb is " + std::to_string(size) +
+                              " bytes but its last page (" + std::to_string(ei.me_last_pgno) +
+                              ", " + std::to_string(es.ms_psize) + "-byte pages) ends at byte " +
+                              std::to_string(needed) + ": the shard is truncated");
+  }
+  r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
   MDB_txn* t = nullptr;
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), "shard " + dir));
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
   LmdbTxn txn(t);
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &r->dbi_), "shard " + dir));
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &r->dbi_), what));
+  MDB_stat st{};
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_stat(t, r->dbi_, &st), what));
+  r->entries_ = st.ms_entries;
   return r;
 }
 
@@ -232,9 +397,28 @@ Result<std::unique_ptr<SplitReader>> SplitReader::Open(const std::string& root, 
   r->split_ = split;
   r->num_samples_ = s->num_samples;
   r->num_classes_ = static_cast<uint32_t>(m.classes.size());
+  // The manifest's counts size what readers allocate: they must agree with
+  // what the shards hold before anything trusts them.
+  uint64_t sum = 0;
   for (const ShardInfo& info : s->shards) {
     NL_ASSIGN_OR_RETURN(auto shard, ShardReader::Open(root, info));
+    if (shard->entries() != info.count) {
+      return Status::Corruption("split '" + split + "', shard " + info.path +
+                                ": the manifest says " + std::to_string(info.count) +
+                                " records but the shard holds " + std::to_string(shard->entries()));
+    }
+    if (info.first_index != sum) {
+      return Status::Corruption("split '" + split + "', shard " + info.path + " starts at index " +
+                                std::to_string(info.first_index) + ", expected " +
+                                std::to_string(sum));
+    }
+    sum += info.count;
     r->shards_.push_back(std::move(shard));
+  }
+  if (sum != s->num_samples) {
+    return Status::Corruption("split '" + split + "': num_samples is " +
+                              std::to_string(s->num_samples) + " but its shards hold " +
+                              std::to_string(sum) + " records");
   }
   return r;
 }

@@ -60,11 +60,22 @@ class ShardWriter {
 };
 
 // One shard, opened read-only (MDB_RDONLY | MDB_NOLOCK: shards are immutable).
+//
+// Open checks data.mdb's size before LMDB touches a data page: an empty file,
+// one shorter than the manifest's `bytes`, or one ending before LMDB's last
+// page is Corruption naming the shard (reading it would raise SIGBUS). While a
+// reader is open, a SIGBUS inside its map (the file truncated under it) writes
+// a line naming the shard to stderr before the process dies as it would have.
 class ShardReader {
  public:
   static Result<std::unique_ptr<ShardReader>> Open(const std::string& root, const ShardInfo& info);
+  ~ShardReader();
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
 
   const ShardInfo& info() const { return info_; }
+  // Records in the shard, as LMDB counts them (not the manifest's count).
+  uint64_t entries() const { return entries_; }
   MDB_env* env() const { return env_.get(); }
   MDB_dbi dbi() const { return dbi_; }
 
@@ -76,9 +87,13 @@ class ShardReader {
   ShardInfo info_;
   LmdbEnv env_;
   MDB_dbi dbi_ = 0;
+  uint64_t entries_ = 0;
+  int map_slot_ = -1;  // in the SIGBUS handler's table of maps
 };
 
 // All shards of one split. Thread-safe to share; each thread takes its own ReadTxn.
+// Open refuses (Corruption) a shard whose LMDB entry count differs from the
+// manifest's count, and shard counts that do not sum to num_samples.
 class SplitReader {
  public:
   static Result<std::unique_ptr<SplitReader>> Open(const std::string& root, const Manifest& m,

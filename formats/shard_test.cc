@@ -1,6 +1,10 @@
 #include "formats/shard.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
 
 #include "formats/file_util.h"
 #include "formats/test_util.h"
@@ -133,6 +137,87 @@ TEST(Shard, GarbageShardFileIsAnError) {
   Status s = SplitReader::Open(dir.path(), m, "train").status();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("cannot open shard"), std::string::npos) << s.ToString();
+}
+
+// ---- truncated and lying shards: errors naming the shard, never a signal ----
+
+// data.mdb cut to `size` bytes (as `truncate -s` would).
+void Truncate(const std::string& path, uint64_t size) {
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0) << path;
+}
+
+TEST(Shard, TruncatedDataFileIsCorruptionNamingTheShard) {
+  testing::ScratchDir dir;
+  const Manifest written = WriteShards(dir.path(), {600});
+  const std::string data = dir.path() + "/train/shard-0/data.mdb";
+  const uint64_t full = *FileSize(data);
+  ASSERT_GT(full, 12288u + 4096u);
+  for (bool manifest_follows : {false, true}) {
+    for (uint64_t cut : {uint64_t{8191}, uint64_t{8192}, uint64_t{12288}, full - 4096}) {
+      SCOPED_TRACE("cut at " + std::to_string(cut) +
+                   (manifest_follows ? ", manifest updated" : ""));
+      testing::ScratchDir copy;
+      Manifest m = WriteShards(copy.path(), {600});
+      Truncate(copy.path() + "/train/shard-0/data.mdb", cut);
+      // With the manifest's bytes updated too, LMDB's own last page still tells.
+      if (manifest_follows) m.splits["train"].shards[0].bytes = cut;
+      Status s = SplitReader::Open(copy.path(), m, "train").status();
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+      EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
+      EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.ToString();
+      Result<std::unique_ptr<ShardReader>> r =
+          ShardReader::Open(copy.path(), m.splits["train"].shards[0]);
+      EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+    }
+  }
+}
+
+TEST(Shard, EmptyDataFileSaysEmpty) {
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {3});
+  Truncate(dir.path() + "/train/shard-0/data.mdb", 0);
+  Status s = SplitReader::Open(dir.path(), m, "train").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("empty (0 bytes)"), std::string::npos) << s.ToString();
+  EXPECT_EQ(s.message().find("Bad file descriptor"), std::string::npos) << s.ToString();
+}
+
+TEST(Shard, ManifestCountMustMatchTheShard) {
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {4, 3});
+  for (uint64_t lie : {uint64_t{5}, uint64_t{1} << 28, uint64_t{1} << 63}) {
+    Manifest bad = m;
+    bad.splits["train"].shards[1].count = lie;
+    bad.splits["train"].num_samples = 4 + lie;
+    Status s = SplitReader::Open(dir.path(), bad, "train").status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_EQ(s.message(), "split 'train', shard train/shard-1: the manifest says " +
+                               std::to_string(lie) + " records but the shard holds 3");
+  }
+  Manifest bad = m;
+  bad.splits["train"].num_samples = 1ull << 63;
+  Status s = SplitReader::Open(dir.path(), bad, "train").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "split 'train': num_samples is 9223372036854775808 but its shards hold 7 records");
+}
+
+TEST(ShardDeathTest, TruncatedUnderAReaderNamesTheShard) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {600});
+  const std::string data = dir.path() + "/train/shard-0/data.mdb";
+  EXPECT_EXIT(
+      {
+        auto reader = SplitReader::Open(dir.path(), m, "train");
+        if (!reader.ok()) std::_Exit(3);
+        Truncate(data, 8192);
+        auto txn = (*reader)->BeginRead();
+        for (uint64_t i = 0; i < 600; ++i) (void)txn.Read(i);
+        std::_Exit(4);
+      },
+      ::testing::KilledBySignal(SIGBUS), "SIGBUS reading shard train/shard-0 .*truncated");
 }
 
 }  // namespace

@@ -34,22 +34,17 @@ std::string At(const ShardInfo& s, uint64_t index) {
 
 // Checks one record fully: header, CRCs, label, and that the payload decodes
 // to the size the header states.
-Status CheckRecord(std::span<const uint8_t> value, uint32_t num_classes, Image* scratch) {
+Status CheckRecord(std::span<const uint8_t> value, uint32_t num_classes, uint64_t max_pixels,
+                   Image* scratch) {
   RecordLimits limits;
   limits.num_classes = num_classes;
-  limits.max_pixels = uint64_t{kMaxRecordDim} * kMaxRecordDim;
+  limits.max_pixels = max_pixels;
   NL_ASSIGN_OR_RETURN(RecordView rec, DecodeRecord(value, limits));
   if (rec.header.encoding == Encoding::kRaw) return Status::Ok();
   DecodeLimits dl;
-  dl.max_pixels = limits.max_pixels;
+  dl.max_pixels = max_pixels;
   NL_RETURN_IF_ERROR(DecodeImageInto(rec.payload, dl, scratch));
-  if (scratch->width != rec.header.width || scratch->height != rec.header.height) {
-    return Status::Corruption("image decodes to " + std::to_string(scratch->width) + "x" +
-                              std::to_string(scratch->height) + " but the header says " +
-                              std::to_string(rec.header.width) + "x" +
-                              std::to_string(rec.header.height));
-  }
-  return Status::Ok();
+  return CheckDecodedShape(rec.header, *scratch);
 }
 
 }  // namespace
@@ -143,10 +138,10 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
           if (o.quick) {
             RecordLimits limits;
             limits.num_classes = num_classes;
-            limits.max_pixels = uint64_t{kMaxRecordDim} * kMaxRecordDim;
+            limits.max_pixels = o.max_pixels;
             rs = DecodeRecord(value, limits).status();
           } else {
-            rs = CheckRecord(value, num_classes, &scratch);
+            rs = CheckRecord(value, num_classes, o.max_pixels, &scratch);
             ++decoded;
           }
           if (!rs.ok()) rep.Add(At(sh, index), rs.ToString());
@@ -162,13 +157,13 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
   return report;
 }
 
-Result<DecodedSample> ReadSample(const std::string& root, const std::string& split,
-                                 uint64_t index) {
+Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index,
+                                 uint64_t max_pixels) {
   NL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(root));
   NL_ASSIGN_OR_RETURN(auto reader, SplitReader::Open(root, m, split));
   auto txn = reader->BeginRead();
   RecordLimits limits;
-  limits.max_pixels = uint64_t{kMaxRecordDim} * kMaxRecordDim;
+  limits.max_pixels = max_pixels;
   NL_ASSIGN_OR_RETURN(RecordView rec, txn.Read(index, limits));
   DecodedSample out;
   out.label = rec.header.label;
@@ -180,6 +175,7 @@ Result<DecodedSample> ReadSample(const std::string& root, const std::string& spl
     DecodeLimits dl;
     dl.max_pixels = limits.max_pixels;
     Status st = DecodeImageInto(rec.payload, dl, &out.image);
+    if (st.ok()) st = CheckDecodedShape(rec.header, out.image);
     if (!st.ok()) return st.WithContext(reader->Where(index));
   }
   return out;

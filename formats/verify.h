@@ -26,6 +26,9 @@ struct VerifyOptions {
   bool quick = false;    // manifest, counts, keys, sizes, checksums; no decoding
   uint32_t threads = 0;  // for decoding; 0: all allowed cores
   size_t max_problems = 1000;
+  // Records and images over this many pixels are problems (as the loaders
+  // refuse them), checked from the header before anything is allocated.
+  uint64_t max_pixels = kDefaultMaxPixels;
 };
 
 // Every problem found is reported (up to max_problems), not just the first.
@@ -33,11 +36,14 @@ struct VerifyOptions {
 VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& options);
 
 // Reads sample `index` of `split` and returns its pixels (decoded if stored as
-// PNG/JPEG), with its label.
+// PNG/JPEG, within `max_pixels`), with its label. A payload that decodes to
+// another size than its header states is Corruption naming the split, shard,
+// index and both sizes.
 struct DecodedSample {
   Image image;
   uint32_t label = 0;
 };
-Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index);
+Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index,
+                                 uint64_t max_pixels = kDefaultMaxPixels);
 
 }  // namespace nl

@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -24,6 +27,50 @@ void OnSignal(int) { g_cancel.store(true); }
 int Fail(const nl::Status& s) {
   std::fprintf(stderr, "pack_tool: error: %s\n", s.ToString().c_str());
   return s.code() == nl::StatusCode::kAborted ? 130 : 1;
+}
+
+// Bounds on counts from the command line, checked before anything is
+// allocated or started (a thread each, a shard each, a pixel buffer).
+constexpr uint64_t kMaxThreads = 1024;
+constexpr uint64_t kMaxShards = 65536;
+constexpr uint64_t kMaxFakeImages = nl::kMaxFakeCifarImages;
+
+// The largest --max-megapixels: one RGB image of that size must fit in this
+// machine's memory, and no image can be larger than the format's 2^20 x 2^20.
+uint64_t MaxMegapixels() {
+  const uint64_t format_max = (uint64_t{nl::kMaxRecordDim} * nl::kMaxRecordDim) >> 20;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return format_max;
+  const uint64_t mem = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+  return std::clamp<uint64_t>(mem / (3ull << 20), nl::kDefaultMaxMegapixels, format_max);
+}
+
+// A count given as `text` for `flag`: decimal digits only, in [lo, hi]; the
+// error says the range (and what 0 means, when it is allowed).
+nl::Result<uint64_t> ParseCount(const std::string& flag, const std::string& text, uint64_t lo,
+                                uint64_t hi, const std::string& zero_means = "") {
+  const std::string range = std::to_string(lo) +
+                            (lo == 0 && !zero_means.empty() ? " (" + zero_means + ")" : "") +
+                            " to " + std::to_string(hi);
+  if (!text.empty() && text[0] == '-' && text.size() > 1 &&
+      std::isdigit(static_cast<unsigned char>(text[1]))) {
+    if (lo == 0 && hi == UINT64_MAX) {
+      return nl::Status::InvalidArgument(flag + " " + text + " is negative: it must be 0 or more");
+    }
+    return nl::Status::InvalidArgument(flag + " " + text +
+                                       " is negative: give a whole number from " + range);
+  }
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || p != end || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+    return nl::Status::InvalidArgument(flag + " '" + text +
+                                       "' is not a whole number: give one from " + range);
+  }
+  if (ec == std::errc::result_out_of_range || v < lo || v > hi) {
+    return nl::Status::InvalidArgument(flag + " " + text + " is out of range: give " + range);
+  }
+  return v;
 }
 
 std::string HumanBytes(double b) {
@@ -149,20 +196,33 @@ int main(int argc, char** argv) {
   std::string src, out, label = "fine", split = "train";
   std::string cifar_encoding = "raw", imf_encoding = "keep";
   uint64_t kill_after = 0, interrupt_after = 0;
-  uint64_t max_mp = 64;
+  // Counts are taken as text and range-checked after parsing (CLI11 would
+  // wrap "-1" into an unsigned option).
+  std::string shards_text = "0", threads_text = "0";
+  std::string max_mp_text = std::to_string(nl::kDefaultMaxMegapixels);
+  const uint64_t max_mp_bound = MaxMegapixels();
+  const std::string threads_help =
+      "Decode threads, 0 to " + std::to_string(kMaxThreads) + " (default 0: all allowed cores)";
+  const std::string max_mp_help = "Largest image accepted, in megapixels (2^20 pixels), 1 to " +
+                                  std::to_string(max_mp_bound) + " (what this machine's memory " +
+                                  "holds as one RGB image)";
+  auto add_max_mp = [&](CLI::App* c) {
+    c->add_option("--max-megapixels", max_mp_text, max_mp_help)->capture_default_str();
+  };
 
   auto add_pack_opts = [&](CLI::App* c, std::string* encoding, const std::string& enc_help) {
     c->add_option("--encoding", *encoding, enc_help)->capture_default_str();
-    c->add_option("--shards", opts.shards, "Shards per split (default: one per 100,000 samples)");
-    c->add_option("--threads", opts.threads, "Decode threads (default: all allowed cores)");
+    c->add_option("--shards", shards_text,
+                  "Shards per split, 0 to " + std::to_string(kMaxShards) +
+                      " (default 0: one per 100,000 samples)");
+    c->add_option("--threads", threads_text, threads_help);
     c->add_flag("--force", opts.force,
                 "Replace an existing OUT that is a shard set (or an existing split); never "
                 "deletes anything else");
     c->add_flag("--replace-non-shard-set", opts.replace_non_shard_set,
                 "Delete and replace an existing OUT even when it is not a shard set (implies "
                 "--force). OUT inside SRC, or SRC inside OUT, is always refused");
-    c->add_option("--max-megapixels", max_mp, "Largest image accepted, in megapixels")
-        ->capture_default_str();
+    add_max_mp(c);
     c->add_option("--test-kill-after", kill_after, "Testing: SIGKILL self after N samples")
         ->group("");
     c->add_option("--test-interrupt-after", interrupt_after, "Testing: SIGINT self after N samples")
@@ -192,19 +252,21 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "Check a shard set: exit 0 when intact, 1 otherwise");
   verify->add_option("OUT", out, "Shard set directory")->required();
   verify->add_flag("--quick", quick, "Manifest, counts and checksums only; no image decoding");
-  verify->add_option("--threads", opts.threads, "Decode threads");
+  verify->add_option("--threads", threads_text, threads_help);
+  add_max_mp(verify);
 
   auto* info = app.add_subcommand("info", "Describe a shard set");
   info->add_option("OUT", out, "Shard set directory")->required();
   info->add_flag("--json", as_json, "Print JSON");
 
-  uint64_t index = 0;
+  std::string index_text;
   std::string png_out;
   auto* exp = app.add_subcommand("export", "Write one stored image, decoded, as PNG");
   exp->add_option("OUT", out, "Shard set directory")->required();
   exp->add_option("--split", split, "Split")->required();
-  exp->add_option("--index", index, "Sample index")->required();
+  exp->add_option("--index", index_text, "Sample index (0 or more)")->required();
   exp->add_option("--out", png_out, "PNG file to write")->required();
+  add_max_mp(exp);
 
   nl::FakeCifarOptions fake;
   std::string dir;
@@ -212,12 +274,33 @@ int main(int argc, char** argv) {
                                 "Write a synthetic CIFAR-100 in the official binary format");
   fk->add_option("DIR", dir, "Directory to write (train.bin, test.bin, label name files)")
       ->required();
-  fk->add_option("--train", fake.train, "Training images")->capture_default_str();
-  fk->add_option("--test", fake.test, "Test images")->capture_default_str();
+  std::string train_text = std::to_string(fake.train), test_text = std::to_string(fake.test);
+  const std::string fake_range = ", 1 to " + std::to_string(kMaxFakeImages);
+  fk->add_option("--train", train_text, "Training images" + fake_range)->capture_default_str();
+  fk->add_option("--test", test_text, "Test images" + fake_range)->capture_default_str();
   fk->add_option("--seed", fake.seed, "Random seed")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
-  opts.limits.max_pixels = max_mp << 20;
+  {
+    nl::Result<uint64_t> v =
+        ParseCount("--threads", threads_text, 0, kMaxThreads, "all allowed cores");
+    if (!v.ok()) return Fail(v.status());
+    opts.threads = static_cast<uint32_t>(*v);
+    v = ParseCount("--shards", shards_text, 0, kMaxShards, "one per 100,000 samples");
+    if (!v.ok()) return Fail(v.status());
+    opts.shards = static_cast<uint32_t>(*v);
+    v = ParseCount("--max-megapixels", max_mp_text, 1, max_mp_bound);
+    if (!v.ok()) return Fail(v.status());
+    opts.limits.max_pixels = *v << 20;
+    if (fk->parsed()) {
+      v = ParseCount("--train", train_text, 1, kMaxFakeImages);
+      if (!v.ok()) return Fail(v.status());
+      fake.train = *v;
+      v = ParseCount("--test", test_text, 1, kMaxFakeImages);
+      if (!v.ok()) return Fail(v.status());
+      fake.test = *v;
+    }
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   // Over a file-size limit, writes fail with EFBIG (reported like a full disk)
@@ -251,6 +334,7 @@ int main(int argc, char** argv) {
     nl::VerifyOptions vo;
     vo.quick = quick;
     vo.threads = opts.threads;
+    vo.max_pixels = opts.limits.max_pixels;
     const auto t0 = std::chrono::steady_clock::now();
     nl::VerifyReport rep = nl::VerifyShardSet(out, vo);
     const double secs =
@@ -265,7 +349,9 @@ int main(int argc, char** argv) {
   }
   if (info->parsed()) return Info(out, as_json);
   if (exp->parsed()) {
-    nl::Result<nl::DecodedSample> s = nl::ReadSample(out, split, index);
+    nl::Result<uint64_t> index = ParseCount("--index", index_text, 0, UINT64_MAX);
+    if (!index.ok()) return Fail(index.status());
+    nl::Result<nl::DecodedSample> s = nl::ReadSample(out, split, *index, opts.limits.max_pixels);
     if (!s.ok()) return Fail(s.status());
     nl::Result<std::vector<uint8_t>> png = nl::EncodePng(s->image);
     if (!png.ok()) return Fail(png.status());
