@@ -24,7 +24,7 @@ std::string_view BindStateName(BindState s) {
 
 namespace {
 
-BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node, bool thread) {
+BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node) {
   BindReport r;
   hwloc_topology_t h = topo.hwloc();
   const bool live = topo.is_this_system() && h;
@@ -32,7 +32,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node, bool th
   if (!cpus.empty()) {
     const bool can =
         live && sup &&
-        (thread ? sup->cpubind->set_thisthread_cpubind : sup->cpubind->set_thisproc_cpubind);
+        sup->cpubind->set_thisthread_cpubind;
     if (!can) {
       r.cpu = BindState::kNotSupported;
       r.cpu_detail =
@@ -40,7 +40,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node, bool th
     } else {
       HwlocBitmap set = ToBitmap(cpus);
       const int flags =
-          (thread ? HWLOC_CPUBIND_THREAD : HWLOC_CPUBIND_PROCESS) | HWLOC_CPUBIND_STRICT;
+          HWLOC_CPUBIND_THREAD | HWLOC_CPUBIND_STRICT;
       if (hwloc_set_cpubind(h, set.get(), flags) == 0) {
         r.cpu = BindState::kApplied;
       } else {
@@ -52,7 +52,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node, bool th
   if (mem_node >= 0) {
     const bool can =
         live && sup &&
-        (thread ? sup->membind->set_thisthread_membind : sup->membind->set_thisproc_membind) &&
+        sup->membind->set_thisthread_membind &&
         sup->membind->bind_membind;
     if (!can) {
       r.mem = BindState::kNotSupported;
@@ -62,7 +62,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node, bool th
       HwlocBitmap nodes(hwloc_bitmap_alloc());
       hwloc_bitmap_only(nodes.get(), static_cast<unsigned>(mem_node));
       const int flags =
-          (thread ? HWLOC_MEMBIND_THREAD : HWLOC_MEMBIND_PROCESS) | HWLOC_MEMBIND_BYNODESET;
+          HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET;
       if (hwloc_set_membind(h, nodes.get(), HWLOC_MEMBIND_BIND, flags) == 0) {
         r.mem = BindState::kApplied;
       } else {
@@ -77,11 +77,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node, bool th
 }  // namespace
 
 BindReport BindThisThread(const Topology& topo, const CpuList& cpus, int mem_node) {
-  return Bind(topo, cpus, mem_node, true);
-}
-
-BindReport BindThisProcess(const Topology& topo, const CpuList& cpus, int mem_node) {
-  return Bind(topo, cpus, mem_node, false);
+  return Bind(topo, cpus, mem_node);
 }
 
 std::string AffinityLine(int rank, const RankPlan& plan, const BindReport& r) {

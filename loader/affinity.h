@@ -1,4 +1,4 @@
-// Applying a rank's plan: binds the calling thread (or the whole process) to
+// Applying a rank's plan: binds the calling thread to
 // cpus and its memory to a NUMA node with hwloc, and says what happened.
 // A failure is reported, never silent.
 //
@@ -27,7 +27,6 @@ struct BindReport {
 // Empty cpus / mem_node < 0: that part is not requested. Only a topology of
 // this machine (Topology::Live) can bind; others report not_supported.
 BindReport BindThisThread(const Topology& topo, const CpuList& cpus, int mem_node);
-BindReport BindThisProcess(const Topology& topo, const CpuList& cpus, int mem_node);
 
 // PlanLine plus " cpu_binding=applied mem_binding=applied" (and the reasons
 // for anything not applied).

@@ -20,6 +20,9 @@ namespace nl {
 namespace {
 using Clock = std::chrono::steady_clock;
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+// Epoch index lists kept: batches in flight span at most the current epoch,
+// the one before (slow workers) and the next (prefetch across the boundary).
+constexpr size_t kCachedEpochs = 3;
 }  // namespace
 
 Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t batch_size,
@@ -112,8 +115,7 @@ struct Pipeline::Impl {
     if (it != epoch_lists.end()) return it->second;
     auto list = std::make_shared<const std::vector<uint64_t>>(sampler->EpochIndices(epoch));
     epoch_lists[epoch] = list;
-    while (epoch_lists.size() > 3)
-      epoch_lists.erase(epoch_lists.begin());  // only recent epochs are in flight
+    while (epoch_lists.size() > kCachedEpochs) epoch_lists.erase(epoch_lists.begin());
     return list;
   }
 

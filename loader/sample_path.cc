@@ -1,7 +1,6 @@
 #include "loader/sample_path.h"
 
 #include <chrono>
-#include <string>
 
 namespace nl {
 namespace {
@@ -10,15 +9,6 @@ using Clock = std::chrono::steady_clock;
 uint64_t NanosSince(Clock::time_point t) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
-}
-
-// A record whose header states another size than its payload decodes to
-// would make the transform read past (or short of) the decoded pixels.
-Status CheckShape(const RecordHeader& h, const Image& img) {
-  if (img.width == h.width && img.height == h.height) return Status::Ok();
-  return Status::Corruption("image decodes to " + std::to_string(img.width) + "x" +
-                            std::to_string(img.height) + " but the record says " +
-                            std::to_string(h.width) + "x" + std::to_string(h.height));
 }
 
 }  // namespace
@@ -39,7 +29,7 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
   const uint8_t* rgb = rec.payload.data();
   if (rec.header.encoding != Encoding::kRaw) {
     Status st = DecodeImageInto(rec.payload, limits_, &decoded_);
-    if (st.ok()) st = CheckShape(rec.header, decoded_);
+    if (st.ok()) st = CheckDecodedShape(rec.header, decoded_);
     if (!st.ok()) return st.WithContext(reader_->Where(index));
     rgb = decoded_.pixels.data();
   }

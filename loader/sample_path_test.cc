@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "formats/manifest.h"
 #include "formats/test_util.h"
@@ -70,10 +71,10 @@ TEST(SamplePath, AHeaderThatDisagreesWithItsPayloadIsCorruptionNamingTheSample) 
   EXPECT_EQ(larger.code(), StatusCode::kCorruption);
   EXPECT_EQ(larger.message(),
             "split 'train', shard train/shard-00000, index 1: image decodes to 8x8 but the "
-            "record says 64x64");
+            "header says 64x64");
   Status smaller = path.Load(0, 2, out.data(), &label);
   EXPECT_EQ(smaller.code(), StatusCode::kCorruption);
-  EXPECT_NE(smaller.message().find("index 2: image decodes to 8x8 but the record says 4x8"),
+  EXPECT_NE(smaller.message().find("index 2: image decodes to 8x8 but the header says 4x8"),
             std::string::npos)
       << smaller.message();
   EXPECT_TRUE(path.Load(0, 0, out.data(), &label).ok()) << "one bad record leaves the path usable";
@@ -82,11 +83,13 @@ TEST(SamplePath, AHeaderThatDisagreesWithItsPayloadIsCorruptionNamingTheSample) 
 // `loader preview` read past the decoded image on such a record (ASan:
 // heap-buffer-overflow; Release: SIGSEGV). It goes through SamplePath now.
 TEST(SamplePath, LoaderPreviewRefusesALyingRecordInsteadOfReadingPastIt) {
-  const char* bin = std::getenv("NL_BIN_DIR");
-  ASSERT_NE(bin, nullptr) << "NL_BIN_DIR is set by ctest";
+  // ctest sets NL_BIN_DIR; run by hand, the test binary sits beside `loader`.
+  const char* env = std::getenv("NL_BIN_DIR");
+  const std::string bin =
+      env ? env : std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
   testing::ScratchDir d;
   const std::string set = LyingSet(d);
-  const std::string cmd = std::string(bin) + "/loader preview --data " + set +
+  const std::string cmd = bin + "/loader preview --data " + set +
                           " --indices 1 --out " + (d / "pv") + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
@@ -96,7 +99,7 @@ TEST(SamplePath, LoaderPreviewRefusesALyingRecordInsteadOfReadingPastIt) {
   const int status = ::pclose(f);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal: " << out;
   EXPECT_EQ(WEXITSTATUS(status), 1) << out;
-  EXPECT_NE(out.find("index 1: image decodes to 8x8 but the record says 64x64"), std::string::npos)
+  EXPECT_NE(out.find("index 1: image decodes to 8x8 but the header says 64x64"), std::string::npos)
       << out;
 }
 
