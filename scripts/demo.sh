@@ -24,10 +24,10 @@ echo "== 4. summary"
 "$PT" info "$work/cifar100-packed"
 "$PT" export "$work/cifar100-packed" --split train --index 0 --out "$work/train-0.png"
 echo "== 5. the binding plan on this machine"
-build/bin/loader topo --nproc-per-node 2
+build/bin/loader topo --nproc-per-node 2 --allow-shared-cores   # (shares cores only on a 1-core machine)
 echo "== 6. a training batch as the model sees it (pad-crop + flip, 224x224)"
 build/bin/loader preview --data "$work/cifar100-packed" --grid "$work/batch-0.png" --augment --pad-crop 4 \
   --batch-size 16
 echo "== 7. loader throughput, 2 ranks, one epoch of CIFAR-100 train at 224x224"
-build/bin/loader_bench --data "$work/cifar100-packed" --ranks 2 --batch-size 256 --epochs 1
+build/bin/loader_bench --data "$work/cifar100-packed" --ranks 2 --batch-size 256 --epochs 1 --allow-shared-cores
 echo "demo done: shard set in $work/cifar100-packed, a batch in $work/batch-0.png"
