@@ -146,6 +146,41 @@ TEST(Export, HeaderSizeDifferentFromPayloadIsCorruption) {
   EXPECT_EQ(r.problems[0].what, "Corruption: image decodes to 48x32 but the header says 40x30");
 }
 
+// ---- the same problems, in the same (index) order, for any thread count ----
+
+TEST(Verify, ProblemsInIndexOrderWhateverTheThreadCount) {
+  ScratchDir dir;
+  std::vector<std::vector<uint8_t>> recs;
+  std::vector<uint64_t> bad;
+  for (uint32_t i = 0; i < 300; ++i) {
+    if (i % 7 == 3) {  // a header that lies about its PNG's size
+      RecordHeader hd;
+      hd.encoding = Encoding::kPng;
+      hd.width = 20 + i % 5;
+      hd.height = 9;
+      recs.push_back(CraftRecord(hd, *EncodePng(testing::PatternImage(16, 16, i))));
+      bad.push_back(i);
+    } else {
+      recs.push_back(PngRecord(16, 16, i));
+    }
+  }
+  WriteShardSetForTest(dir.path(), recs, {.shards = 3});
+  const VerifyReport one = VerifyShardSet(dir.path(), {.threads = 1});
+  ASSERT_EQ(one.problems.size(), bad.size()) << AllProblems(one);
+  for (size_t k = 0; k < bad.size(); ++k) {
+    EXPECT_NE(one.problems[k].where.find(" index " + std::to_string(bad[k])), std::string::npos)
+        << one.problems[k].where;
+    EXPECT_EQ(one.problems[k].what, "Corruption: image decodes to 16x16 but the header says " +
+                                        std::to_string(20 + bad[k] % 5) + "x9");
+  }
+  for (int run = 0; run < 5; ++run) {
+    const VerifyReport four = VerifyShardSet(dir.path(), {.threads = 4});
+    EXPECT_EQ(AllProblems(four), AllProblems(one)) << "run " << run;
+    EXPECT_EQ(four.records_checked, 300u);
+    EXPECT_EQ(four.images_decoded, 300u);
+  }
+}
+
 TEST(Export, CheckDecodedShape) {
   RecordHeader hd;
   hd.width = 3;
