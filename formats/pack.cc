@@ -202,9 +202,8 @@ class DecodeWorkers {
     po.threads = threads;
     po.name = "pack worker";
     po.on_error = [raw](const Status&) { raw->window_.Stop(); };
-    NL_ASSIGN_OR_RETURN(d->pool_, WorkerPool::Start(po, [raw, &source, &o](int) {
-                          return raw->Work(source, o);
-                        }));
+    NL_ASSIGN_OR_RETURN(
+        d->pool_, WorkerPool::Start(po, [raw, &source, &o](int) { return raw->Work(source, o); }));
     return d;
   }
   ~DecodeWorkers() { (void)StopAndJoin(); }
@@ -340,8 +339,8 @@ class ProgressReporter {
 
 // The writer loop: takes the workers' slots in index order into `out`. A
 // worker's failure ends the loop with that worker's error.
-Status WriteInIndexOrder(const SampleSource& source, const std::string& split,
-                         const PackOptions& o, DecodeWorkers* workers, SplitBuilder* out) {
+Status WriteInIndexOrder(const SampleSource& source, const std::string& split, const PackOptions& o,
+                         DecodeWorkers* workers, SplitBuilder* out) {
   const uint64_t n = source.size();
   ProgressReporter progress(o, split, n);
   for (uint64_t i = 0; i < n; ++i) {

@@ -1,9 +1,9 @@
 #include "formats/verify.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
-#include <algorithm>
 
 #include "formats/crc32c.h"
 #include "formats/file_util.h"
@@ -105,8 +105,8 @@ Walk WalkKeys(const ShardInfo& sh, const ShardReader::ReadTxn& txn, Reporter* re
   char hex[32];
   std::snprintf(hex, sizeof hex, "crc32c:%08x", crc);
   if (sh.checksum != hex) {
-    rep->Add(sh.path, std::string("checksum ") + hex + " does not match the manifest's " +
-                          sh.checksum);
+    rep->Add(sh.path,
+             std::string("checksum ") + hex + " does not match the manifest's " + sh.checksum);
   }
   return w;
 }

@@ -176,8 +176,9 @@ TEST(Verify, ProblemsInIndexOrderWhateverTheThreadCount) {
     const std::string& where = one.problems[k].where;
     EXPECT_EQ(where.substr(where.find(" index ")), " index " + std::to_string(bad[k])) << where;
   }
-  EXPECT_EQ(one.problems[0].what, "Corruption: image decodes to 1000x1000 but the header says "
-                                  "1000x999");
+  EXPECT_EQ(one.problems[0].what,
+            "Corruption: image decodes to 1000x1000 but the header says "
+            "1000x999");
   for (int run = 0; run < 3; ++run) {
     const VerifyReport four = VerifyShardSet(dir.path(), {.threads = 4});
     EXPECT_EQ(AllProblems(four), AllProblems(one)) << "run " << run;
