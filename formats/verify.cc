@@ -78,10 +78,8 @@ Walk WalkKeys(const ShardInfo& sh, const ShardReader::ReadTxn& txn, Reporter* re
   uint32_t crc = 0;
   uint64_t expect = sh.first_index;
   Walk w;
-  uint64_t& count = w.count;
-  std::vector<StoredRecord>& records = w.records;
   Status walk = txn.ForEach([&](const ShardReader::Entry& e) {
-    ++count;
+    ++w.count;
     if (e.key_size != 8) {
       rep->Add(sh.path, "key of " + std::to_string(e.key_size) + " bytes (expected 8)");
       return Status::Ok();
@@ -94,12 +92,12 @@ Walk WalkKeys(const ShardInfo& sh, const ShardReader::ReadTxn& txn, Reporter* re
     EncodeKey(e.index, key);
     crc = Crc32c(crc, key, 8);
     crc = Crc32c(crc, e.value.data(), e.value.size());
-    records.push_back({e.index, e.value});
+    w.records.push_back({e.index, e.value});
     return Status::Ok();
   });
   if (!walk.ok()) rep->Add(sh.path, walk.ToString());
-  if (count != sh.count) {
-    rep->Add(sh.path, "holds " + std::to_string(count) + " records, manifest says " +
+  if (w.count != sh.count) {
+    rep->Add(sh.path, "holds " + std::to_string(w.count) + " records, manifest says " +
                           std::to_string(sh.count));
   }
   char hex[32];
