@@ -9,9 +9,11 @@
 
 namespace nl {
 
-Status LmdbStatus(int rc, const std::string& what) {
+Status LmdbStatus(int rc, const std::string& what) { return LmdbStatus(rc).WithContext(what); }
+
+Status LmdbStatus(int rc) {
   if (rc == MDB_SUCCESS) return Status::Ok();
-  std::string msg = what + ": " + mdb_strerror(rc);
+  std::string msg = mdb_strerror(rc);
   switch (rc) {
     case MDB_NOTFOUND:
       return Status::NotFound(msg);

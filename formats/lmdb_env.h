@@ -13,6 +13,9 @@ namespace nl {
 // "<what>: <mdb_strerror(rc)>", with ENOSPC/EIO as IOError, MDB_NOTFOUND as
 // NotFound and MDB_CORRUPTED / MDB_PAGE_NOTFOUND / MDB_INVALID as Corruption.
 Status LmdbStatus(int rc, const std::string& what);
+// The same without context: mdb_strerror(rc) alone, for callers that add
+// theirs with WithContext.
+Status LmdbStatus(int rc);
 // As LmdbStatus, for a failed write to `file` (an environment's data.mdb).
 // LMDB reports a short write as EIO ("Input/output error"), which is what a
 // full disk or the file-size limit usually gives; this names the real cause:

@@ -16,6 +16,7 @@
 #include "formats/imagefolder_source.h"
 #include "formats/record.h"
 #include "formats/shard.h"
+#include "formats/worker_pool.h"
 
 namespace nl {
 
@@ -102,158 +103,281 @@ std::string ShardName(const std::string& split, uint32_t k) {
   return split + buf;
 }
 
+// Samples per shard when PackOptions::shards is 0.
+constexpr uint64_t kSamplesPerShard = 100'000;
+// Workers take blocks of this many consecutive samples, so that threads wake
+// once per block, not once per sample.
+constexpr uint64_t kBlockSamples = 16;
+// The window of slots between workers and writer, in blocks: at least this
+// many, and this many per worker.
+constexpr uint64_t kMinWindowBlocks = 16;
+constexpr uint64_t kWindowBlocksPerWorker = 4;
+// The progress callback hears of every this many samples (and of the last).
+constexpr uint64_t kProgressEvery = 512;
+
+// The hand-off between decode workers and the one writer: a ring of slots
+// for samples [written, written + window). Workers claim blocks of samples
+// in order and publish each block when all of it is made; the writer takes
+// slots in index order. Stop() wakes everyone and ends the hand-off.
+class SlotWindow {
+ public:
+  SlotWindow(uint64_t samples, uint32_t workers)
+      : n_(samples),
+        window_(kBlockSamples *
+                std::max<uint64_t>(kMinWindowBlocks, uint64_t{workers} * kWindowBlocksPerWorker)),
+        slots_(window_) {}
+
+  // Worker: the next block [*first, *end), once it fits in the window. False
+  // when every block is taken or the hand-off was stopped.
+  bool ClaimBlock(uint64_t* first, uint64_t* end) {
+    *first = next_block_.fetch_add(1) * kBlockSamples;
+    if (*first >= n_) return false;
+    *end = std::min(n_, *first + kBlockSamples);
+    std::unique_lock lock(mu_);
+    block_free_.wait(lock, [&] { return stop_ || *end <= written_ + window_; });
+    return !stop_;
+  }
+  // The slot of sample i (a worker fills it between ClaimBlock and Publish).
+  Slot& slot(uint64_t i) { return slots_[i % window_]; }
+  // Worker: the block's samples are made; results[k] is sample first + k's.
+  void Publish(uint64_t first, uint64_t end, std::vector<Status>* results) {
+    {
+      std::lock_guard lock(mu_);
+      for (uint64_t i = first; i < end; ++i) {
+        slot(i).status = std::move((*results)[i - first]);
+        slot(i).ready = true;
+      }
+    }
+    block_ready_.notify_all();
+  }
+
+  // Writer: sample i's slot once it is made; nullptr when stopped.
+  const Slot* WaitFor(uint64_t i) {
+    Slot& s = slot(i);
+    std::unique_lock lock(mu_);
+    block_ready_.wait(lock, [&] { return stop_ || s.ready; });
+    return stop_ ? nullptr : &s;
+  }
+  // Writer: sample i is written; its slot is free again.
+  void Release(uint64_t i) {
+    {
+      std::lock_guard lock(mu_);
+      slot(i).ready = false;
+      slot(i).status = Status::Ok();
+      ++written_;
+    }
+    if ((i + 1) % kBlockSamples == 0) block_free_.notify_all();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    block_free_.notify_all();
+    block_ready_.notify_all();
+  }
+
+ private:
+  const uint64_t n_, window_;
+  std::vector<Slot> slots_;
+  std::atomic<uint64_t> next_block_{0};
+  std::mutex mu_;
+  std::condition_variable block_ready_, block_free_;
+  uint64_t written_ = 0;  // guarded by mu_
+  bool stop_ = false;     // guarded by mu_
+};
+
+// The decode workers, on a WorkerPool, filling a SlotWindow. A worker's
+// error (an exception: bad samples are results, not errors) stops the
+// window, so the writer does not wait for a slot no one will fill.
+// Destruction stops and joins them.
+class DecodeWorkers {
+ public:
+  static Result<std::unique_ptr<DecodeWorkers>> Start(const SampleSource& source,
+                                                      const PackOptions& o, uint32_t threads) {
+    std::unique_ptr<DecodeWorkers> d(new DecodeWorkers(source.size(), threads));
+    DecodeWorkers* raw = d.get();
+    WorkerPool::Options po;
+    po.threads = threads;
+    po.name = "pack worker";
+    po.on_error = [raw](const Status&) { raw->window_.Stop(); };
+    NL_ASSIGN_OR_RETURN(
+        d->pool_, WorkerPool::Start(po, [raw, &source, &o](int) { return raw->Work(source, o); }));
+    return d;
+  }
+  ~DecodeWorkers() { (void)StopAndJoin(); }
+
+  // Sample i's slot, once made; nullptr when the workers stopped.
+  const Slot* WaitFor(uint64_t i) { return window_.WaitFor(i); }
+  void Release(uint64_t i) { window_.Release(i); }
+  // Stops the workers and returns the first error any of them had.
+  Status StopAndJoin() {
+    window_.Stop();
+    return pool_ ? pool_->Join() : Status::Ok();
+  }
+
+ private:
+  DecodeWorkers(uint64_t samples, uint32_t threads) : window_(samples, threads) {}
+
+  Status Work(const SampleSource& source, const PackOptions& o) {
+    Scratch scratch;
+    std::vector<Status> results(kBlockSamples);
+    uint64_t first = 0, end = 0;
+    while (window_.ClaimBlock(&first, &end)) {
+      for (uint64_t i = first; i < end; ++i) {
+        results[i - first] = MakeRecord(source, i, o, &scratch, &window_.slot(i));
+      }
+      window_.Publish(first, end, &results);
+    }
+    return Status::Ok();
+  }
+
+  SlotWindow window_;
+  std::unique_ptr<WorkerPool> pool_;
+};
+
+// The writer's side of a split: shards rotated over the index range, records
+// appended in index order, and what the manifest says of the split.
+class SplitBuilder {
+ public:
+  SplitBuilder(const SampleSource& source, const std::string& root, const std::string& split,
+               uint32_t num_shards)
+      : source_(source), root_(root), split_(split), n_(source.size()), num_shards_(num_shards) {
+    info_.num_samples = 0;
+  }
+
+  // Sample i's slot, made: appends its record, or notes it skipped.
+  Status Add(uint64_t i, const Slot& slot, bool skip_bad) {
+    NL_RETURN_IF_ERROR(RotateShardAt(i));
+    if (!slot.status.ok()) {
+      if (!skip_bad) return slot.status;
+      info_.skipped.push_back({source_.Describe(i), slot.status.ToString()});
+      return Status::Ok();
+    }
+    NL_RETURN_IF_ERROR(shard_->Put(info_.num_samples, slot.record));
+    encodings_.insert(slot.encoding);
+    if (info_.num_samples == 0) {
+      shape_w_ = slot.width;
+      shape_h_ = slot.height;
+    } else if (slot.width != shape_w_ || slot.height != shape_h_) {
+      same_shape_ = false;
+    }
+    bytes_ += slot.record.size();
+    ++info_.num_samples;
+    return Status::Ok();
+  }
+  uint64_t bytes() const { return bytes_; }
+
+  // After the last sample: finishes the last shard and sums the split up.
+  Result<SplitInfo> Finish() {
+    NL_ASSIGN_OR_RETURN(ShardInfo last, shard_->Finish());
+    info_.shards.push_back(std::move(last));
+    if (info_.num_samples == 0) {
+      return Status::InvalidArgument("split '" + split_ + "': every sample was bad (" +
+                                     std::to_string(info_.skipped.size()) + " skipped)");
+    }
+    if (encodings_.size() > 1) {
+      info_.encoding = "mixed";
+    } else {
+      info_.encoding = std::string(EncodingName(*encodings_.begin()));
+    }
+    if (same_shape_) info_.shape = std::array<uint32_t, 3>{shape_h_, shape_w_, 3};
+    return std::move(info_);
+  }
+
+ private:
+  // Where the next shard's range begins at sample i: finishes the current
+  // shard and starts the next.
+  Status RotateShardAt(uint64_t i) {
+    if (i != shard_end_) return Status::Ok();
+    if (shard_) {
+      NL_ASSIGN_OR_RETURN(ShardInfo done, shard_->Finish());
+      info_.shards.push_back(std::move(done));
+    }
+    NL_ASSIGN_OR_RETURN(shard_,
+                        ShardWriter::Create(root_, ShardName(split_, shard_k_), info_.num_samples));
+    ++shard_k_;
+    shard_end_ = n_ * shard_k_ / num_shards_;
+    return Status::Ok();
+  }
+
+  const SampleSource& source_;
+  const std::string& root_;
+  const std::string& split_;
+  const uint64_t n_;
+  const uint32_t num_shards_;
+  SplitInfo info_;
+  std::unique_ptr<ShardWriter> shard_;
+  uint32_t shard_k_ = 0;
+  uint64_t shard_end_ = 0;  // source index where the current shard's range ends
+  std::set<Encoding> encodings_;
+  bool same_shape_ = true;
+  uint32_t shape_w_ = 0, shape_h_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Reports progress every kProgressEvery samples and at the end.
+class ProgressReporter {
+ public:
+  ProgressReporter(const PackOptions& o, const std::string& split, uint64_t total)
+      : callback_(o.progress), progress_{split, 0, total, 0, 0} {}
+  void Done(uint64_t done, uint64_t bytes) {
+    if (!callback_ || (done % kProgressEvery != 0 && done != progress_.total)) return;
+    progress_.done = done;
+    progress_.bytes = bytes;
+    progress_.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    callback_(progress_);
+  }
+
+ private:
+  const std::function<void(const PackProgress&)>& callback_;
+  PackProgress progress_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// The writer loop: takes the workers' slots in index order into `out`. A
+// worker's failure ends the loop with that worker's error.
+Status WriteInIndexOrder(const SampleSource& source, const std::string& split, const PackOptions& o,
+                         DecodeWorkers* workers, SplitBuilder* out) {
+  const uint64_t n = source.size();
+  ProgressReporter progress(o, split, n);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (Cancelled(o)) return Status::Aborted("pack of split '" + split + "' interrupted");
+    const Slot* slot = workers->WaitFor(i);
+    if (!slot) {
+      const Status st = workers->StopAndJoin();
+      if (!st.ok()) return st.WithContext("pack of split '" + split + "'");
+      return Status::Internal("pack of split '" + split + "': the workers stopped early");
+    }
+    NL_RETURN_IF_ERROR(out->Add(i, *slot, o.skip_bad));
+    workers->Release(i);
+    progress.Done(i + 1, out->bytes());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
                             const std::string& split, const PackOptions& o) {
   const uint64_t n = source.size();
   if (n == 0) return Status::InvalidArgument("split '" + split + "' has no samples");
-  uint64_t want_shards = o.shards ? o.shards : (n + 99'999) / 100'000;
+  const uint64_t want_shards = o.shards ? o.shards : (n + kSamplesPerShard - 1) / kSamplesPerShard;
   const uint32_t num_shards = static_cast<uint32_t>(std::min<uint64_t>(want_shards, n));
-  const uint32_t threads = o.threads ? o.threads : DefaultThreads();
+  const uint32_t threads =
+      std::min<uint32_t>(o.threads ? o.threads : DefaultThreads(), WorkerPool::kMaxThreads);
   NL_RETURN_IF_ERROR(MakeDirs(root + "/" + split));
 
-  // Workers take blocks of kBlock consecutive samples into a window of slots;
-  // the writer consumes slots in index order. Hand-offs are per block, so
-  // threads wake once per kBlock samples, not once per sample.
-  constexpr uint64_t kBlock = 16;
-  const uint64_t window = kBlock * std::max<uint64_t>(16, uint64_t{threads} * 4);
-  std::vector<Slot> slots(window);
-  std::mutex mu;
-  std::condition_variable block_ready, block_free;
-  uint64_t written = 0;  // guarded by mu
-  bool stop = false;     // guarded by mu
-  std::atomic<uint64_t> next_block{0};
-
-  auto worker = [&] {
-    Scratch scratch;
-    std::vector<Status> results(kBlock);
-    while (true) {
-      const uint64_t first = next_block.fetch_add(1) * kBlock;
-      if (first >= n) return;
-      const uint64_t end = std::min(n, first + kBlock);
-      {
-        std::unique_lock lock(mu);
-        block_free.wait(lock, [&] { return stop || end <= written + window; });
-        if (stop) return;
-      }
-      for (uint64_t i = first; i < end; ++i) {
-        results[i - first] = MakeRecord(source, i, o, &scratch, &slots[i % window]);
-      }
-      {
-        std::lock_guard lock(mu);
-        for (uint64_t i = first; i < end; ++i) {
-          slots[i % window].status = std::move(results[i - first]);
-          slots[i % window].ready = true;
-        }
-      }
-      block_ready.notify_all();
-    }
-  };
-  std::vector<std::jthread> pool;
-  auto stop_pool = [&] {
-    {
-      std::lock_guard lock(mu);
-      stop = true;
-    }
-    block_free.notify_all();
-    pool.clear();  // joins
-  };
-  for (uint32_t t = 0; t < threads; ++t) pool.emplace_back(worker);
-
-  SplitInfo info;
-  info.num_samples = 0;
-  std::unique_ptr<ShardWriter> shard;
-  uint32_t shard_k = 0;
-  uint64_t shard_end = 0;  // source index where the current shard's range ends
-  std::set<Encoding> encodings;
-  bool same_shape = true;
-  uint32_t shape_w = 0, shape_h = 0;
-  uint64_t bytes = 0;
-  PackProgress progress{split, 0, n, 0, 0};
-  const auto start = std::chrono::steady_clock::now();
-
-  for (uint64_t i = 0; i < n; ++i) {
-    if (Cancelled(o)) {
-      stop_pool();
-      return Status::Aborted("pack of split '" + split + "' interrupted");
-    }
-    if (i == shard_end) {  // the next shard's range begins
-      if (shard) {
-        Result<ShardInfo> done = shard->Finish();
-        if (!done.ok()) {
-          stop_pool();
-          return done.status();
-        }
-        info.shards.push_back(*done);
-      }
-      Result<std::unique_ptr<ShardWriter>> w =
-          ShardWriter::Create(root, ShardName(split, shard_k), info.num_samples);
-      if (!w.ok()) {
-        stop_pool();
-        return w.status();
-      }
-      shard = std::move(*w);
-      ++shard_k;
-      shard_end = n * shard_k / num_shards;
-    }
-    Slot& slot = slots[i % window];
-    {
-      std::unique_lock lock(mu);
-      block_ready.wait(lock, [&] { return slot.ready; });
-    }
-    if (!slot.status.ok()) {
-      if (!o.skip_bad) {
-        Status err = slot.status;
-        stop_pool();
-        return err;
-      }
-      info.skipped.push_back({source.Describe(i), slot.status.ToString()});
-    } else {
-      Status st = shard->Put(info.num_samples, slot.record);
-      if (!st.ok()) {
-        stop_pool();
-        return st;
-      }
-      encodings.insert(slot.encoding);
-      if (info.num_samples == 0) {
-        shape_w = slot.width;
-        shape_h = slot.height;
-      } else if (slot.width != shape_w || slot.height != shape_h) {
-        same_shape = false;
-      }
-      bytes += slot.record.size();
-      ++info.num_samples;
-    }
-    {
-      std::lock_guard lock(mu);
-      slot.ready = false;
-      slot.status = Status::Ok();
-      ++written;
-    }
-    if ((i + 1) % kBlock == 0) block_free.notify_all();
-    if (o.progress && ((i + 1) % 512 == 0 || i + 1 == n)) {
-      progress.done = i + 1;
-      progress.bytes = bytes;
-      progress.seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      o.progress(progress);
-    }
+  NL_ASSIGN_OR_RETURN(std::unique_ptr<DecodeWorkers> workers,
+                      DecodeWorkers::Start(source, o, threads));
+  SplitBuilder builder(source, root, split, num_shards);
+  NL_RETURN_IF_ERROR(WriteInIndexOrder(source, split, o, workers.get(), &builder));
+  if (Status st = workers->StopAndJoin(); !st.ok()) {
+    return st.WithContext("pack of split '" + split + "'");
   }
-  stop_pool();
-  NL_ASSIGN_OR_RETURN(ShardInfo last, shard->Finish());
-  info.shards.push_back(std::move(last));
-  if (info.num_samples == 0) {
-    return Status::InvalidArgument("split '" + split + "': every sample was bad (" +
-                                   std::to_string(info.skipped.size()) + " skipped)");
-  }
-  if (encodings.size() > 1) {
-    info.encoding = "mixed";
-  } else {
-    info.encoding = std::string(EncodingName(*encodings.begin()));
-  }
-  if (same_shape) info.shape = std::array<uint32_t, 3>{shape_h, shape_w, 3};
-  return info;
+  return builder.Finish();
 }
 
 std::string PackLockPath(const std::string& out) { return out + ".pack-lock"; }

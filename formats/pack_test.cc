@@ -8,7 +8,9 @@
 
 #include <csignal>
 #include <filesystem>
+#include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include "formats/file_util.h"
 #include "formats/lmdb_env.h"
@@ -534,6 +536,85 @@ TEST(PackSafety, DiskFullMessagesSayNoSpaceAndNameTheFile) {
   EXPECT_EQ(eio.message(), "cannot commit shard x: Input/output error");
   EXPECT_EQ(Status::FromErrno("cannot write m.json", ENOSPC).message(),
             "cannot write m.json: No space left on device");
+}
+
+}  // namespace
+}  // namespace nl
+
+namespace nl {
+namespace {
+
+// A source of decoded 4x4 images whose Load throws `E` at sample `throw_at`
+// (from a worker thread of the pack).
+template <typename E>
+class ThrowingSource : public SampleSource {
+ public:
+  ThrowingSource(uint64_t n, uint64_t throw_at) : n_(n), throw_at_(throw_at) {}
+  uint64_t size() const override { return n_; }
+  const std::vector<std::string>& classes() const override { return classes_; }
+  std::string Describe(uint64_t i) const override { return "fake sample " + std::to_string(i); }
+  Status Load(uint64_t i, SourceSample* out) const override {
+    if (i == throw_at_) {
+      if constexpr (std::is_same_v<E, std::bad_alloc>) {
+        throw std::bad_alloc();
+      } else {
+        throw E("disk on fire at sample " + std::to_string(i));
+      }
+    }
+    out->label = 0;
+    out->decoded = true;
+    out->image = testing::PatternImage(4, 4, static_cast<uint32_t>(i));
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t n_, throw_at_;
+  std::vector<std::string> classes_{"only"};
+};
+
+// A worker whose Load throws std::bad_alloc: the pack fails with
+// ResourceExhausted naming the split (it used to std::terminate).
+TEST(PackWorkers, OutOfMemoryInAWorkerIsAnErrorNotTerminate) {
+  for (uint32_t threads : {1u, 4u}) {
+    for (bool skip_bad : {false, true}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads" + (skip_bad ? ", skip_bad" : ""));
+      testing::ScratchDir d;
+      ThrowingSource<std::bad_alloc> source(2000, 700);
+      PackOptions o = Opts(PackEncoding::kRaw, threads);
+      o.skip_bad = skip_bad;  // an exception is not a bad sample
+      Result<SplitInfo> r = PackSplit(source, d.path(), "train", o);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+      EXPECT_NE(r.status().message().find("pack of split 'train'"), std::string::npos)
+          << r.status().ToString();
+      EXPECT_NE(r.status().message().find("out of memory"), std::string::npos)
+          << r.status().ToString();
+    }
+  }
+}
+
+// A worker that dies (here: an exception) never fills its slots: the writer,
+// waiting for them, must stop with the worker's error instead of hanging.
+TEST(PackWorkers, AFailedWorkerStopsThePackInsteadOfHanging) {
+  for (uint64_t throw_at : {uint64_t{0}, uint64_t{15}, uint64_t{1234}, uint64_t{4999}}) {
+    SCOPED_TRACE("throws at " + std::to_string(throw_at));
+    testing::ScratchDir d;
+    ThrowingSource<std::runtime_error> source(5000, throw_at);
+    Result<SplitInfo> r = PackSplit(source, d.path(), "train", Opts(PackEncoding::kRaw, 4));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("pack of split 'train'"), std::string::npos)
+        << r.status().ToString();
+    EXPECT_NE(r.status().message().find("disk on fire at sample " + std::to_string(throw_at)),
+              std::string::npos)
+        << r.status().ToString();
+  }
+  // The same source without the throw packs (the fake itself is sound).
+  testing::ScratchDir d;
+  ThrowingSource<std::runtime_error> fine(5000, 5000);
+  Result<SplitInfo> r = PackSplit(fine, d.path(), "train", Opts(PackEncoding::kRaw, 4));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_samples, 5000u);
 }
 
 }  // namespace

@@ -359,27 +359,37 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   return r;
 }
 
-Status ShardReader::ForEach(
-    const std::function<Status(uint64_t, std::span<const uint8_t>)>& fn) const {
-  const std::string where = "shard " + info_.path;
+Result<ShardReader::ReadTxn> ShardReader::BeginRead() const {
   MDB_txn* t = nullptr;
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &t), where));
-  LmdbTxn txn(t);
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &t)));
+  return ReadTxn(LmdbTxn(t), dbi_);
+}
+
+Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const {
+  unsigned char key[8];
+  EncodeKey(index, key);
+  MDB_val k{8, key}, v;
+  const int rc = mdb_get(txn_.get(), dbi_, &k, &v);
+  if (rc == MDB_NOTFOUND) return Status::Corruption("record missing");
+  NL_RETURN_IF_ERROR(LmdbStatus(rc));
+  return std::span<const uint8_t>(static_cast<const uint8_t*>(v.mv_data), v.mv_size);
+}
+
+Status ShardReader::ReadTxn::ForEach(const std::function<Status(const Entry&)>& fn) const {
   MDB_cursor* c = nullptr;
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_cursor_open(t, dbi_, &c), where));
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_cursor_open(txn_.get(), dbi_, &c), "cursor"));
   std::unique_ptr<MDB_cursor, void (*)(MDB_cursor*)> cursor(c, mdb_cursor_close);
   MDB_val k, v;
   int rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
   while (rc == MDB_SUCCESS) {
-    if (k.mv_size != 8) {
-      return Status::Corruption(where + ": key of " + std::to_string(k.mv_size) +
-                                " bytes (expected 8)");
-    }
-    const uint64_t index = DecodeKey(static_cast<const unsigned char*>(k.mv_data));
-    NL_RETURN_IF_ERROR(fn(index, {static_cast<const uint8_t*>(v.mv_data), v.mv_size}));
+    Entry e;
+    e.key_size = k.mv_size;
+    if (k.mv_size == 8) e.index = DecodeKey(static_cast<const unsigned char*>(k.mv_data));
+    e.value = {static_cast<const uint8_t*>(v.mv_data), v.mv_size};
+    NL_RETURN_IF_ERROR(fn(e));
     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
   }
-  if (rc != MDB_NOTFOUND) return LmdbStatus(rc, where);
+  if (rc != MDB_NOTFOUND) return LmdbStatus(rc, "cursor");
   return Status::Ok();
 }
 
@@ -437,10 +447,6 @@ std::string SplitReader::Where(uint64_t index) const {
 
 SplitReader::ReadTxn::ReadTxn(const SplitReader* r) : reader_(r), txns_(r->shards_.size()) {}
 
-void SplitReader::ReadTxn::Reset() {
-  for (auto& t : txns_) t.Abort();
-}
-
 Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
   if (index >= reader_->num_samples_) {
     return Status::InvalidArgument("index " + std::to_string(index) + " out of range: split '" +
@@ -448,20 +454,14 @@ Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
                                    std::to_string(reader_->num_samples_) + " samples");
   }
   const size_t si = reader_->ShardOf(index);
-  const ShardReader& shard = *reader_->shards_[si];
-  if (!txns_[si].get()) {
-    MDB_txn* t = nullptr;
-    NL_RETURN_IF_ERROR(
-        LmdbStatus(mdb_txn_begin(shard.env(), nullptr, MDB_RDONLY, &t), reader_->Where(index)));
-    txns_[si] = LmdbTxn(t);
+  if (!txns_[si].active()) {
+    Result<ShardReader::ReadTxn> t = reader_->shards_[si]->BeginRead();
+    if (!t.ok()) return t.status().WithContext(reader_->Where(index));
+    txns_[si] = std::move(*t);
   }
-  unsigned char key[8];
-  EncodeKey(index, key);
-  MDB_val k{8, key}, v;
-  int rc = mdb_get(txns_[si].get(), shard.dbi(), &k, &v);
-  if (rc == MDB_NOTFOUND) return Status::Corruption(reader_->Where(index) + ": record missing");
-  NL_RETURN_IF_ERROR(LmdbStatus(rc, reader_->Where(index)));
-  return std::span<const uint8_t>(static_cast<const uint8_t*>(v.mv_data), v.mv_size);
+  Result<std::span<const uint8_t>> value = txns_[si].Get(index);
+  if (!value.ok()) return value.status().WithContext(reader_->Where(index));
+  return value;
 }
 
 Result<RecordView> SplitReader::ReadTxn::Read(uint64_t index, const RecordLimits& limits) {

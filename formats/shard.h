@@ -76,11 +76,35 @@ class ShardReader {
   const ShardInfo& info() const { return info_; }
   // Records in the shard, as LMDB counts them (not the manifest's count).
   uint64_t entries() const { return entries_; }
-  MDB_env* env() const { return env_.get(); }
-  MDB_dbi dbi() const { return dbi_; }
 
-  // Visits every (index, value) in key order with a cursor.
-  Status ForEach(const std::function<Status(uint64_t, std::span<const uint8_t>)>& fn) const;
+  // One key/value pair as stored. A well-formed key is 8 bytes (the index).
+  struct Entry {
+    size_t key_size = 0;
+    uint64_t index = 0;  // when key_size == 8
+    std::span<const uint8_t> value;
+  };
+
+  // A read transaction on this shard: one thread at a time, any thread
+  // (MDB_NOTLS). Values point into the map and stay valid while it lives.
+  // Errors say what went wrong, not where: callers add their context
+  // (split, shard, index) with WithContext.
+  class ReadTxn {
+   public:
+    ReadTxn() = default;  // not begun; assign the result of BeginRead()
+    bool active() const { return txn_.get() != nullptr; }
+    // The record at `index`; Corruption "record missing" when absent.
+    Result<std::span<const uint8_t>> Get(uint64_t index) const;
+    // Visits every entry in key order with a cursor, stopping at the first
+    // error fn returns. A failed cursor step is an error "cursor: ...".
+    Status ForEach(const std::function<Status(const Entry&)>& fn) const;
+
+   private:
+    friend class ShardReader;
+    ReadTxn(LmdbTxn txn, MDB_dbi dbi) : txn_(std::move(txn)), dbi_(dbi) {}
+    LmdbTxn txn_;
+    MDB_dbi dbi_ = 0;
+  };
+  Result<ReadTxn> BeginRead() const;
 
  private:
   ShardReader() = default;
@@ -110,14 +134,12 @@ class SplitReader {
     Result<std::span<const uint8_t>> Get(uint64_t index);
     // Get + DecodeRecord (bounds, label < classes, CRCs).
     Result<RecordView> Read(uint64_t index, const RecordLimits& limits = {});
-    // Ends every open LMDB transaction; the next Get starts fresh ones.
-    void Reset();
 
    private:
     friend class SplitReader;
     explicit ReadTxn(const SplitReader* r);
     const SplitReader* reader_;
-    std::vector<LmdbTxn> txns_;  // one per shard, begun lazily
+    std::vector<ShardReader::ReadTxn> txns_;  // one per shard, begun lazily
   };
   ReadTxn BeginRead() const { return ReadTxn(this); }
 

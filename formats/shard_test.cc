@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 
@@ -65,6 +66,41 @@ TEST(Shard, RoundTripAcrossShards) {
   EXPECT_EQ((*reader)->ShardOf(3), 0u);
   EXPECT_EQ((*reader)->ShardOf(4), 1u);
   EXPECT_EQ((*reader)->ShardOf(11), 2u);
+}
+
+// The one read transaction type: Get by key and ForEach in key order, the
+// values alike, and errors without context (callers add theirs).
+TEST(Shard, ReadTxnGetsAndWalksOneShard) {
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {4, 3});
+  auto shard = ShardReader::Open(dir.path(), m.splits["train"].shards[1]);
+  ASSERT_TRUE(shard.ok()) << shard.status().ToString();
+  EXPECT_FALSE(ShardReader::ReadTxn().active());
+  Result<ShardReader::ReadTxn> txn = (*shard)->BeginRead();
+  ASSERT_TRUE(txn.ok()) << txn.status().ToString();
+  EXPECT_TRUE(txn->active());
+  std::vector<uint64_t> seen;
+  Status st = txn->ForEach([&](const ShardReader::Entry& e) {
+    EXPECT_EQ(e.key_size, 8u);
+    const std::vector<uint8_t> want = Record(e.index);
+    EXPECT_TRUE(std::equal(e.value.begin(), e.value.end(), want.begin(), want.end()));
+    Result<std::span<const uint8_t>> got = txn->Get(e.index);
+    EXPECT_TRUE(got.ok() && got->data() == e.value.data() && got->size() == e.value.size());
+    seen.push_back(e.index);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(seen, (std::vector<uint64_t>{4, 5, 6}));
+  Status missing = txn->Get(3).status();  // in the other shard
+  EXPECT_EQ(missing.code(), StatusCode::kCorruption);
+  EXPECT_EQ(missing.message(), "record missing");
+  // ForEach stops at the visitor's first error and returns it.
+  int visits = 0;
+  st = txn->ForEach([&](const ShardReader::Entry&) {
+    return ++visits == 2 ? Status::Internal("enough") : Status::Ok();
+  });
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_EQ(visits, 2);
 }
 
 TEST(Shard, IndexOutOfRange) {

@@ -1,15 +1,16 @@
 #include "formats/verify.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
-#include <thread>
 
 #include "formats/crc32c.h"
 #include "formats/file_util.h"
 #include "formats/pack.h"
 #include "formats/record.h"
 #include "formats/shard.h"
+#include "formats/worker_pool.h"
 
 namespace nl {
 namespace {
@@ -47,6 +48,123 @@ Status CheckRecord(std::span<const uint8_t> value, uint32_t num_classes, uint64_
   return CheckDecodedShape(rec.header, *scratch);
 }
 
+// Step 1: data.mdb's size against the manifest. False when there is no file.
+bool CheckShardSize(const std::string& root, const ShardInfo& sh, Reporter* rep) {
+  Result<uint64_t> size = FileSize(root + "/" + sh.path + "/data.mdb");
+  if (!size.ok()) {
+    rep->Add(sh.path, size.status().ToString());
+    return false;
+  }
+  if (*size != sh.bytes) {
+    rep->Add(sh.path, "data.mdb is " + std::to_string(*size) + " bytes, manifest says " +
+                          std::to_string(sh.bytes));
+  }
+  return true;
+}
+
+struct StoredRecord {
+  uint64_t index;
+  std::span<const uint8_t> value;  // valid while the walk's ReadTxn lives
+};
+
+struct Walk {
+  uint64_t count = 0;  // entries, well-formed keys or not
+  std::vector<StoredRecord> records;
+};
+
+// Step 2 (one thread, key order): keys in sequence, the record count and the
+// checksum; returns the records for step 3, pointing into `txn`.
+Walk WalkKeys(const ShardInfo& sh, const ShardReader::ReadTxn& txn, Reporter* rep) {
+  uint32_t crc = 0;
+  uint64_t expect = sh.first_index;
+  Walk w;
+  Status walk = txn.ForEach([&](const ShardReader::Entry& e) {
+    ++w.count;
+    if (e.key_size != 8) {
+      rep->Add(sh.path, "key of " + std::to_string(e.key_size) + " bytes (expected 8)");
+      return Status::Ok();
+    }
+    if (e.index != expect) {
+      rep->Add(At(sh, e.index), "unexpected key (expected index " + std::to_string(expect) + ")");
+    }
+    expect = e.index + 1;
+    unsigned char key[8];
+    EncodeKey(e.index, key);
+    crc = Crc32c(crc, key, 8);
+    crc = Crc32c(crc, e.value.data(), e.value.size());
+    w.records.push_back({e.index, e.value});
+    return Status::Ok();
+  });
+  if (!walk.ok()) rep->Add(sh.path, walk.ToString());
+  if (w.count != sh.count) {
+    rep->Add(sh.path, "holds " + std::to_string(w.count) + " records, manifest says " +
+                          std::to_string(sh.count));
+  }
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "crc32c:%08x", crc);
+  if (sh.checksum != hex) {
+    rep->Add(sh.path,
+             std::string("checksum ") + hex + " does not match the manifest's " + sh.checksum);
+  }
+  return w;
+}
+
+// Step 3: every record's header and CRCs; without --quick, decodes too. The
+// records are shared out on a WorkerPool; their problems are reported in
+// index order, whatever the thread count.
+void CheckRecords(const ShardInfo& sh, const std::vector<StoredRecord>& records,
+                  uint32_t num_classes, const VerifyOptions& o, Reporter* rep,
+                  std::atomic<uint64_t>* decoded) {
+  std::vector<Status> results(records.size());
+  std::atomic<size_t> next{0};
+  WorkerPool::Options po;
+  po.name = "verify worker";
+  const uint32_t threads = o.quick ? 1 : (o.threads ? o.threads : DefaultThreads());
+  po.threads = static_cast<uint32_t>(std::clamp<uint64_t>(
+      std::min<uint64_t>(threads, records.size()), 1, WorkerPool::kMaxThreads));
+  auto body = [&](int) {
+    Image scratch;
+    RecordLimits limits;
+    limits.num_classes = num_classes;
+    limits.max_pixels = o.max_pixels;
+    for (size_t i; (i = next.fetch_add(1)) < records.size();) {
+      if (o.quick) {
+        results[i] = DecodeRecord(records[i].value, limits).status();
+      } else {
+        results[i] = CheckRecord(records[i].value, num_classes, o.max_pixels, &scratch);
+        ++*decoded;
+      }
+    }
+    return Status::Ok();
+  };
+  Result<std::unique_ptr<WorkerPool>> pool = WorkerPool::Start(po, body);
+  Status pool_status = pool.ok() ? (*pool)->Join() : pool.status();
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!results[i].ok()) rep->Add(At(sh, records[i].index), results[i].ToString());
+  }
+  if (!pool_status.ok()) rep->Add(sh.path, pool_status.ToString());
+}
+
+void VerifyShard(const std::string& root, const ShardInfo& sh, uint32_t num_classes,
+                 const VerifyOptions& o, Reporter* rep, std::atomic<uint64_t>* checked,
+                 std::atomic<uint64_t>* decoded) {
+  if (!CheckShardSize(root, sh, rep)) return;
+  Result<std::unique_ptr<ShardReader>> reader = ShardReader::Open(root, sh);
+  if (!reader.ok()) {
+    rep->Add(sh.path, reader.status().ToString());
+    return;
+  }
+  // One read transaction for both steps: step 3 reads the values step 2 saw.
+  Result<ShardReader::ReadTxn> txn = (*reader)->BeginRead();
+  if (!txn.ok()) {
+    rep->Add(sh.path, txn.status().WithContext(sh.path).ToString());
+    return;
+  }
+  const Walk walk = WalkKeys(sh, *txn, rep);
+  *checked += walk.count;
+  CheckRecords(sh, walk.records, num_classes, o, rep, decoded);
+}
+
 }  // namespace
 
 VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
@@ -61,95 +179,7 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
   std::atomic<uint64_t> checked{0}, decoded{0};
   for (const auto& [split, info] : m->splits) {
     for (const ShardInfo& sh : info.shards) {
-      Result<uint64_t> size = FileSize(root + "/" + sh.path + "/data.mdb");
-      if (!size.ok()) {
-        rep.Add(sh.path, size.status().ToString());
-        continue;
-      }
-      if (*size != sh.bytes) {
-        rep.Add(sh.path, "data.mdb is " + std::to_string(*size) + " bytes, manifest says " +
-                             std::to_string(sh.bytes));
-      }
-      Result<std::unique_ptr<ShardReader>> reader = ShardReader::Open(root, sh);
-      if (!reader.ok()) {
-        rep.Add(sh.path, reader.status().ToString());
-        continue;
-      }
-      // Pass 1 (single thread, cursor order): keys, count, checksum, and the
-      // values to decode.
-      uint32_t crc = 0;
-      uint64_t expect = sh.first_index, count = 0;
-      std::vector<std::pair<uint64_t, std::span<const uint8_t>>> values;
-      MDB_txn* t = nullptr;
-      // Keep one read txn open so the value views stay valid for pass 2.
-      Status st = LmdbStatus(mdb_txn_begin((*reader)->env(), nullptr, MDB_RDONLY, &t), sh.path);
-      LmdbTxn txn(t);
-      if (st.ok()) {
-        MDB_cursor* c = nullptr;
-        st = LmdbStatus(mdb_cursor_open(t, (*reader)->dbi(), &c), sh.path);
-        if (st.ok()) {
-          MDB_val k, v;
-          int rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
-          while (rc == MDB_SUCCESS) {
-            if (k.mv_size != 8) {
-              rep.Add(sh.path, "key of " + std::to_string(k.mv_size) + " bytes (expected 8)");
-            } else {
-              const uint64_t index = DecodeKey(static_cast<const unsigned char*>(k.mv_data));
-              if (index != expect) {
-                rep.Add(At(sh, index),
-                        "unexpected key (expected index " + std::to_string(expect) + ")");
-              }
-              expect = index + 1;
-              crc = Crc32c(crc, k.mv_data, 8);
-              crc = Crc32c(crc, v.mv_data, v.mv_size);
-              values.emplace_back(index, std::span<const uint8_t>(
-                                             static_cast<const uint8_t*>(v.mv_data), v.mv_size));
-            }
-            ++count;
-            rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
-          }
-          if (rc != MDB_NOTFOUND) rep.Add(sh.path, LmdbStatus(rc, "cursor").ToString());
-          mdb_cursor_close(c);
-        }
-      }
-      if (!st.ok()) {
-        rep.Add(sh.path, st.ToString());
-        continue;
-      }
-      if (count != sh.count) {
-        rep.Add(sh.path, "holds " + std::to_string(count) + " records, manifest says " +
-                             std::to_string(sh.count));
-      }
-      char hex[32];
-      std::snprintf(hex, sizeof hex, "crc32c:%08x", crc);
-      if (sh.checksum != hex) {
-        rep.Add(sh.path,
-                std::string("checksum ") + hex + " does not match the manifest's " + sh.checksum);
-      }
-      checked += count;
-      // Pass 2: every record's header and CRC; without --quick, decode too.
-      const uint32_t threads = o.quick ? 1 : (o.threads ? o.threads : DefaultThreads());
-      std::atomic<size_t> next{0};
-      auto work = [&] {
-        Image scratch;
-        for (size_t i; (i = next.fetch_add(1)) < values.size();) {
-          const auto& [index, value] = values[i];
-          Status rs;
-          if (o.quick) {
-            RecordLimits limits;
-            limits.num_classes = num_classes;
-            limits.max_pixels = o.max_pixels;
-            rs = DecodeRecord(value, limits).status();
-          } else {
-            rs = CheckRecord(value, num_classes, o.max_pixels, &scratch);
-            ++decoded;
-          }
-          if (!rs.ok()) rep.Add(At(sh, index), rs.ToString());
-        }
-      };
-      std::vector<std::jthread> pool;
-      for (uint32_t i = 1; i < threads; ++i) pool.emplace_back(work);
-      work();
+      VerifyShard(root, sh, num_classes, o, &rep, &checked, &decoded);
     }
   }
   report.records_checked = checked;

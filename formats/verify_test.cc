@@ -146,6 +146,47 @@ TEST(Export, HeaderSizeDifferentFromPayloadIsCorruption) {
   EXPECT_EQ(r.problems[0].what, "Corruption: image decodes to 48x32 but the header says 40x30");
 }
 
+// ---- the same problems, in the same (index) order, for any thread count ----
+
+TEST(Verify, ProblemsInIndexOrderWhateverTheThreadCount) {
+  ScratchDir dir;
+  std::vector<std::vector<uint8_t>> recs;
+  std::vector<uint64_t> bad;
+  for (uint32_t i = 0; i < 200; ++i) {
+    RecordHeader hd;
+    hd.encoding = Encoding::kPng;
+    if (i == 3) {  // slow to find: a large PNG whose header lies about its size
+      hd.width = 1000;
+      hd.height = 999;
+      recs.push_back(CraftRecord(hd, *EncodePng(testing::PatternImage(1000, 1000, i))));
+      bad.push_back(i);
+    } else if (i % 7 == 5) {  // quick to find: a label past the classes
+      hd.width = hd.height = 8;
+      hd.label = 7;
+      recs.push_back(CraftRecord(hd, *EncodePng(testing::PatternImage(8, 8, i))));
+      bad.push_back(i);
+    } else {
+      recs.push_back(PngRecord(8, 8, i));
+    }
+  }
+  WriteShardSetForTest(dir.path(), recs, {.shards = 2});
+  const VerifyReport one = VerifyShardSet(dir.path(), {.threads = 1});
+  ASSERT_EQ(one.problems.size(), bad.size()) << AllProblems(one);
+  for (size_t k = 0; k < bad.size(); ++k) {
+    const std::string& where = one.problems[k].where;
+    EXPECT_EQ(where.substr(where.find(" index ")), " index " + std::to_string(bad[k])) << where;
+  }
+  EXPECT_EQ(one.problems[0].what,
+            "Corruption: image decodes to 1000x1000 but the header says "
+            "1000x999");
+  for (int run = 0; run < 3; ++run) {
+    const VerifyReport four = VerifyShardSet(dir.path(), {.threads = 4});
+    EXPECT_EQ(AllProblems(four), AllProblems(one)) << "run " << run;
+    EXPECT_EQ(four.records_checked, 200u);
+    EXPECT_EQ(four.images_decoded, 200u);
+  }
+}
+
 TEST(Export, CheckDecodedShape) {
   RecordHeader hd;
   hd.width = 3;

@@ -186,12 +186,9 @@ int Info(const std::string& root, bool as_json) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"pack_tool: convert an ImageFolder tree or CIFAR-100 into an LMDB shard set"};
-  app.require_subcommand(1);
-
+// Everything the command line sets. CLI11 keeps pointers into it: it must
+// not move once the subcommands are set up.
+struct Flags {
   nl::PackOptions opts;
   std::string src, out, label = "fine", split = "train";
   std::string cifar_encoding = "raw", imf_encoding = "keep";
@@ -200,174 +197,232 @@ int main(int argc, char** argv) {
   // wrap "-1" into an unsigned option).
   std::string shards_text = "0", threads_text = "0";
   std::string max_mp_text = std::to_string(nl::kDefaultMaxMegapixels);
-  const uint64_t max_mp_bound = MaxMegapixels();
-  const std::string threads_help =
-      "Decode threads, 0 to " + std::to_string(kMaxThreads) + " (default 0: all allowed cores)";
-  const std::string max_mp_help = "Largest image accepted, in megapixels (2^20 pixels), 1 to " +
-                                  std::to_string(max_mp_bound) + " (what this machine's memory " +
-                                  "holds as one RGB image)";
-  auto add_max_mp = [&](CLI::App* c) {
-    c->add_option("--max-megapixels", max_mp_text, max_mp_help)->capture_default_str();
-  };
+  uint64_t max_mp_bound = MaxMegapixels();
+  bool quick = false, as_json = false;  // verify, info
+  std::string index_text, png_out;      // export
+  nl::FakeCifarOptions fake;            // fake-cifar100
+  std::string dir;
+  std::string train_text = std::to_string(fake.train), test_text = std::to_string(fake.test);
+};
 
-  auto add_pack_opts = [&](CLI::App* c, std::string* encoding, const std::string& enc_help) {
-    c->add_option("--encoding", *encoding, enc_help)->capture_default_str();
-    c->add_option("--shards", shards_text,
-                  "Shards per split, 0 to " + std::to_string(kMaxShards) +
-                      " (default 0: one per 100,000 samples)");
-    c->add_option("--threads", threads_text, threads_help);
-    c->add_flag("--force", opts.force,
-                "Replace an existing OUT that is a shard set (or an existing split); never "
-                "deletes anything else");
-    c->add_flag("--replace-non-shard-set", opts.replace_non_shard_set,
-                "Delete and replace an existing OUT even when it is not a shard set (implies "
-                "--force). OUT inside SRC, or SRC inside OUT, is always refused");
-    add_max_mp(c);
-    c->add_option("--test-kill-after", kill_after, "Testing: SIGKILL self after N samples")
-        ->group("");
-    c->add_option("--test-interrupt-after", interrupt_after, "Testing: SIGINT self after N samples")
-        ->group("");
-  };
+struct Subcommands {
+  CLI::App *cifar, *imf, *verify, *info, *exp, *fake;
+};
 
-  auto* cifar =
-      app.add_subcommand("cifar100", "Pack CIFAR-100 (binary version): train and test splits");
-  cifar->add_option("SRC", src, "cifar-100-binary directory or cifar-100-binary.tar.gz")
-      ->required();
-  cifar->add_option("OUT", out, "Output shard set directory")->required();
-  cifar->add_option("--label", label, "Which label to store")
+std::string ThreadsHelp() {
+  return "Decode threads, 0 to " + std::to_string(kMaxThreads) + " (default 0: all allowed cores)";
+}
+
+void AddMaxMegapixels(CLI::App* c, Flags* f) {
+  const std::string help = "Largest image accepted, in megapixels (2^20 pixels), 1 to " +
+                           std::to_string(f->max_mp_bound) + " (what this machine's memory " +
+                           "holds as one RGB image)";
+  c->add_option("--max-megapixels", f->max_mp_text, help)->capture_default_str();
+}
+
+// The options cifar100 and imagefolder share.
+void AddPackOptions(CLI::App* c, Flags* f, std::string* encoding, const std::string& enc_help) {
+  c->add_option("--encoding", *encoding, enc_help)->capture_default_str();
+  c->add_option("--shards", f->shards_text,
+                "Shards per split, 0 to " + std::to_string(kMaxShards) +
+                    " (default 0: one per 100,000 samples)");
+  c->add_option("--threads", f->threads_text, ThreadsHelp());
+  c->add_flag("--force", f->opts.force,
+              "Replace an existing OUT that is a shard set (or an existing split); never "
+              "deletes anything else");
+  c->add_flag("--replace-non-shard-set", f->opts.replace_non_shard_set,
+              "Delete and replace an existing OUT even when it is not a shard set (implies "
+              "--force). OUT inside SRC, or SRC inside OUT, is always refused");
+  AddMaxMegapixels(c, f);
+  c->add_option("--test-kill-after", f->kill_after, "Testing: SIGKILL self after N samples")
+      ->group("");
+  c->add_option("--test-interrupt-after", f->interrupt_after,
+                "Testing: SIGINT self after N samples")
+      ->group("");
+}
+
+CLI::App* AddCifar(CLI::App* app, Flags* f) {
+  auto* c =
+      app->add_subcommand("cifar100", "Pack CIFAR-100 (binary version): train and test splits");
+  c->add_option("SRC", f->src, "cifar-100-binary directory or cifar-100-binary.tar.gz")->required();
+  c->add_option("OUT", f->out, "Output shard set directory")->required();
+  c->add_option("--label", f->label, "Which label to store")
       ->check(CLI::IsMember({"fine", "coarse"}))
       ->capture_default_str();
-  add_pack_opts(cifar, &cifar_encoding, "raw (decoded RGB) or png");
+  AddPackOptions(c, f, &f->cifar_encoding, "raw (decoded RGB) or png");
+  return c;
+}
 
-  auto* imf = app.add_subcommand("imagefolder", "Pack one split of an ImageFolder tree");
-  imf->add_option("SRC", src, "Root with one directory per class")->required();
-  imf->add_option("OUT", out, "Output shard set directory (new, or existing to add a split)")
+CLI::App* AddImageFolder(CLI::App* app, Flags* f) {
+  auto* c = app->add_subcommand("imagefolder", "Pack one split of an ImageFolder tree");
+  c->add_option("SRC", f->src, "Root with one directory per class")->required();
+  c->add_option("OUT", f->out, "Output shard set directory (new, or existing to add a split)")
       ->required();
-  imf->add_option("--split", split, "Split name")->capture_default_str();
-  imf->add_flag("--skip-bad", opts.skip_bad,
-                "Skip bad images (listed in the manifest) instead of failing");
-  add_pack_opts(imf, &imf_encoding, "keep (original file bytes), raw (decoded RGB) or png");
+  c->add_option("--split", f->split, "Split name")->capture_default_str();
+  c->add_flag("--skip-bad", f->opts.skip_bad,
+              "Skip bad images (listed in the manifest) instead of failing");
+  AddPackOptions(c, f, &f->imf_encoding, "keep (original file bytes), raw (decoded RGB) or png");
+  return c;
+}
 
-  bool quick = false, as_json = false;
-  auto* verify = app.add_subcommand("verify", "Check a shard set: exit 0 when intact, 1 otherwise");
-  verify->add_option("OUT", out, "Shard set directory")->required();
-  verify->add_flag("--quick", quick, "Manifest, counts and checksums only; no image decoding");
-  verify->add_option("--threads", threads_text, threads_help);
-  add_max_mp(verify);
+CLI::App* AddVerify(CLI::App* app, Flags* f) {
+  auto* c = app->add_subcommand("verify", "Check a shard set: exit 0 when intact, 1 otherwise");
+  c->add_option("OUT", f->out, "Shard set directory")->required();
+  c->add_flag("--quick", f->quick, "Manifest, counts and checksums only; no image decoding");
+  c->add_option("--threads", f->threads_text, ThreadsHelp());
+  AddMaxMegapixels(c, f);
+  return c;
+}
 
-  auto* info = app.add_subcommand("info", "Describe a shard set");
-  info->add_option("OUT", out, "Shard set directory")->required();
-  info->add_flag("--json", as_json, "Print JSON");
+CLI::App* AddInfo(CLI::App* app, Flags* f) {
+  auto* c = app->add_subcommand("info", "Describe a shard set");
+  c->add_option("OUT", f->out, "Shard set directory")->required();
+  c->add_flag("--json", f->as_json, "Print JSON");
+  return c;
+}
 
-  std::string index_text;
-  std::string png_out;
-  auto* exp = app.add_subcommand("export", "Write one stored image, decoded, as PNG");
-  exp->add_option("OUT", out, "Shard set directory")->required();
-  exp->add_option("--split", split, "Split")->required();
-  exp->add_option("--index", index_text, "Sample index (0 or more)")->required();
-  exp->add_option("--out", png_out, "PNG file to write")->required();
-  add_max_mp(exp);
+CLI::App* AddExport(CLI::App* app, Flags* f) {
+  auto* c = app->add_subcommand("export", "Write one stored image, decoded, as PNG");
+  c->add_option("OUT", f->out, "Shard set directory")->required();
+  c->add_option("--split", f->split, "Split")->required();
+  c->add_option("--index", f->index_text, "Sample index (0 or more)")->required();
+  c->add_option("--out", f->png_out, "PNG file to write")->required();
+  AddMaxMegapixels(c, f);
+  return c;
+}
 
-  nl::FakeCifarOptions fake;
-  std::string dir;
-  auto* fk = app.add_subcommand("fake-cifar100",
+CLI::App* AddFakeCifar(CLI::App* app, Flags* f) {
+  auto* c = app->add_subcommand("fake-cifar100",
                                 "Write a synthetic CIFAR-100 in the official binary format");
-  fk->add_option("DIR", dir, "Directory to write (train.bin, test.bin, label name files)")
+  c->add_option("DIR", f->dir, "Directory to write (train.bin, test.bin, label name files)")
       ->required();
-  std::string train_text = std::to_string(fake.train), test_text = std::to_string(fake.test);
   const std::string fake_range = ", 1 to " + std::to_string(kMaxFakeImages);
-  fk->add_option("--train", train_text, "Training images" + fake_range)->capture_default_str();
-  fk->add_option("--test", test_text, "Test images" + fake_range)->capture_default_str();
-  fk->add_option("--seed", fake.seed, "Random seed")->capture_default_str();
+  c->add_option("--train", f->train_text, "Training images" + fake_range)->capture_default_str();
+  c->add_option("--test", f->test_text, "Test images" + fake_range)->capture_default_str();
+  c->add_option("--seed", f->fake.seed, "Random seed")->capture_default_str();
+  return c;
+}
 
-  CLI11_PARSE(app, argc, argv);
-  {
-    nl::Result<uint64_t> v =
-        ParseCount("--threads", threads_text, 0, kMaxThreads, "all allowed cores");
-    if (!v.ok()) return Fail(v.status());
-    opts.threads = static_cast<uint32_t>(*v);
-    v = ParseCount("--shards", shards_text, 0, kMaxShards, "one per 100,000 samples");
-    if (!v.ok()) return Fail(v.status());
-    opts.shards = static_cast<uint32_t>(*v);
-    v = ParseCount("--max-megapixels", max_mp_text, 1, max_mp_bound);
-    if (!v.ok()) return Fail(v.status());
-    opts.limits.max_pixels = *v << 20;
-    if (fk->parsed()) {
-      v = ParseCount("--train", train_text, 1, kMaxFakeImages);
-      if (!v.ok()) return Fail(v.status());
-      fake.train = *v;
-      v = ParseCount("--test", test_text, 1, kMaxFakeImages);
-      if (!v.ok()) return Fail(v.status());
-      fake.test = *v;
-    }
+Subcommands AddSubcommands(CLI::App* app, Flags* f) {
+  Subcommands s;
+  s.cifar = AddCifar(app, f);
+  s.imf = AddImageFolder(app, f);
+  s.verify = AddVerify(app, f);
+  s.info = AddInfo(app, f);
+  s.exp = AddExport(app, f);
+  s.fake = AddFakeCifar(app, f);
+  return s;
+}
+
+// Range-checks the counts given as text into their options.
+nl::Status CheckCounts(Flags* f, bool fake_cifar) {
+  NL_ASSIGN_OR_RETURN(uint64_t threads, ParseCount("--threads", f->threads_text, 0, kMaxThreads,
+                                                   "all allowed cores"));
+  f->opts.threads = static_cast<uint32_t>(threads);
+  NL_ASSIGN_OR_RETURN(uint64_t shards, ParseCount("--shards", f->shards_text, 0, kMaxShards,
+                                                  "one per 100,000 samples"));
+  f->opts.shards = static_cast<uint32_t>(shards);
+  NL_ASSIGN_OR_RETURN(uint64_t max_mp,
+                      ParseCount("--max-megapixels", f->max_mp_text, 1, f->max_mp_bound));
+  f->opts.limits.max_pixels = max_mp << 20;
+  if (fake_cifar) {
+    NL_ASSIGN_OR_RETURN(f->fake.train, ParseCount("--train", f->train_text, 1, kMaxFakeImages));
+    NL_ASSIGN_OR_RETURN(f->fake.test, ParseCount("--test", f->test_text, 1, kMaxFakeImages));
   }
+  return nl::Status::Ok();
+}
+
+void InstallSignalHandlers() {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   // Over a file-size limit, writes fail with EFBIG (reported like a full disk)
   // instead of the process being killed.
   std::signal(SIGXFSZ, SIG_IGN);
-  opts.cancel = &g_cancel;
-  ProgressPrinter printer(kill_after, interrupt_after);
-  opts.progress = [&printer](const nl::PackProgress& p) { printer(p); };
-  opts.on_wait = [&out](const std::string& lock_file) {
+}
+
+int RunPack(const Flags& f, bool cifar) {
+  nl::Result<nl::PackEncoding> enc =
+      nl::ParsePackEncoding(cifar ? f.cifar_encoding : f.imf_encoding);
+  if (!enc.ok()) return Fail(enc.status());
+  nl::PackOptions opts = f.opts;
+  opts.encoding = *enc;
+  if (cifar && opts.encoding == nl::PackEncoding::kKeep) {
+    return Fail(nl::Status::InvalidArgument(
+        "--encoding keep needs image files; CIFAR-100 takes raw or png"));
+  }
+  const nl::CifarLabel which = f.label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse;
+  nl::Result<nl::PackSummary> r = cifar ? nl::PackCifar100(f.src, f.out, which, opts)
+                                        : nl::PackImageFolder(f.src, f.out, f.split, opts);
+  if (!r.ok()) return Fail(r.status());
+  PrintSummary(f.out, *r);
+  return 0;
+}
+
+int RunVerify(const Flags& f) {
+  nl::VerifyOptions vo;
+  vo.quick = f.quick;
+  vo.threads = f.opts.threads;
+  vo.max_pixels = f.opts.limits.max_pixels;
+  const auto t0 = std::chrono::steady_clock::now();
+  nl::VerifyReport rep = nl::VerifyShardSet(f.out, vo);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& p : rep.problems) std::printf("%s: %s\n", p.where.c_str(), p.what.c_str());
+  std::fprintf(stderr,
+               "verify %s: %llu records checked, %llu images decoded, %zu problem%s, %.2f s\n",
+               f.out.c_str(), static_cast<unsigned long long>(rep.records_checked),
+               static_cast<unsigned long long>(rep.images_decoded), rep.problems.size(),
+               rep.problems.size() == 1 ? "" : "s", secs);
+  return rep.ok() ? 0 : 1;
+}
+
+int RunExport(const Flags& f) {
+  nl::Result<uint64_t> index = ParseCount("--index", f.index_text, 0, UINT64_MAX);
+  if (!index.ok()) return Fail(index.status());
+  nl::Result<nl::DecodedSample> s =
+      nl::ReadSample(f.out, f.split, *index, f.opts.limits.max_pixels);
+  if (!s.ok()) return Fail(s.status());
+  nl::Result<std::vector<uint8_t>> png = nl::EncodePng(s->image);
+  if (!png.ok()) return Fail(png.status());
+  nl::Status st = nl::WriteFile(f.png_out, png->data(), png->size());
+  if (!st.ok()) return Fail(st);
+  std::printf("wrote %s: %ux%u, label %u\n", f.png_out.c_str(), s->image.width, s->image.height,
+              s->label);
+  return 0;
+}
+
+int RunFakeCifar(const Flags& f) {
+  nl::Status st = nl::WriteFakeCifar100(f.dir, f.fake);
+  if (!st.ok()) return Fail(st);
+  std::printf("wrote fake CIFAR-100 to %s: %llu train, %llu test images\n", f.dir.c_str(),
+              static_cast<unsigned long long>(f.fake.train),
+              static_cast<unsigned long long>(f.fake.test));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pack_tool: convert an ImageFolder tree or CIFAR-100 into an LMDB shard set"};
+  app.require_subcommand(1);
+  Flags f;
+  const Subcommands sub = AddSubcommands(&app, &f);
+  CLI11_PARSE(app, argc, argv);
+  if (nl::Status st = CheckCounts(&f, sub.fake->parsed()); !st.ok()) return Fail(st);
+
+  InstallSignalHandlers();
+  f.opts.cancel = &g_cancel;
+  ProgressPrinter printer(f.kill_after, f.interrupt_after);
+  f.opts.progress = [&printer](const nl::PackProgress& p) { printer(p); };
+  f.opts.on_wait = [&f](const std::string& lock_file) {
     std::fprintf(stderr, "pack_tool: waiting for another pack into %s to finish (lock file %s)\n",
-                 out.c_str(), lock_file.c_str());
+                 f.out.c_str(), lock_file.c_str());
   };
 
-  if (cifar->parsed() || imf->parsed()) {
-    nl::Result<nl::PackEncoding> enc =
-        nl::ParsePackEncoding(cifar->parsed() ? cifar_encoding : imf_encoding);
-    if (!enc.ok()) return Fail(enc.status());
-    opts.encoding = *enc;
-    if (cifar->parsed() && opts.encoding == nl::PackEncoding::kKeep) {
-      return Fail(nl::Status::InvalidArgument(
-          "--encoding keep needs image files; CIFAR-100 takes raw or png"));
-    }
-    const nl::CifarLabel which = label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse;
-    nl::Result<nl::PackSummary> r = cifar->parsed() ? nl::PackCifar100(src, out, which, opts)
-                                                    : nl::PackImageFolder(src, out, split, opts);
-    if (!r.ok()) return Fail(r.status());
-    PrintSummary(out, *r);
-    return 0;
-  }
-  if (verify->parsed()) {
-    nl::VerifyOptions vo;
-    vo.quick = quick;
-    vo.threads = opts.threads;
-    vo.max_pixels = opts.limits.max_pixels;
-    const auto t0 = std::chrono::steady_clock::now();
-    nl::VerifyReport rep = nl::VerifyShardSet(out, vo);
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (const auto& p : rep.problems) std::printf("%s: %s\n", p.where.c_str(), p.what.c_str());
-    std::fprintf(stderr,
-                 "verify %s: %llu records checked, %llu images decoded, %zu problem%s, %.2f s\n",
-                 out.c_str(), static_cast<unsigned long long>(rep.records_checked),
-                 static_cast<unsigned long long>(rep.images_decoded), rep.problems.size(),
-                 rep.problems.size() == 1 ? "" : "s", secs);
-    return rep.ok() ? 0 : 1;
-  }
-  if (info->parsed()) return Info(out, as_json);
-  if (exp->parsed()) {
-    nl::Result<uint64_t> index = ParseCount("--index", index_text, 0, UINT64_MAX);
-    if (!index.ok()) return Fail(index.status());
-    nl::Result<nl::DecodedSample> s = nl::ReadSample(out, split, *index, opts.limits.max_pixels);
-    if (!s.ok()) return Fail(s.status());
-    nl::Result<std::vector<uint8_t>> png = nl::EncodePng(s->image);
-    if (!png.ok()) return Fail(png.status());
-    nl::Status st = nl::WriteFile(png_out, png->data(), png->size());
-    if (!st.ok()) return Fail(st);
-    std::printf("wrote %s: %ux%u, label %u\n", png_out.c_str(), s->image.width, s->image.height,
-                s->label);
-    return 0;
-  }
-  if (fk->parsed()) {
-    nl::Status st = nl::WriteFakeCifar100(dir, fake);
-    if (!st.ok()) return Fail(st);
-    std::printf("wrote fake CIFAR-100 to %s: %llu train, %llu test images\n", dir.c_str(),
-                static_cast<unsigned long long>(fake.train),
-                static_cast<unsigned long long>(fake.test));
-    return 0;
-  }
+  if (sub.cifar->parsed()) return RunPack(f, /*cifar=*/true);
+  if (sub.imf->parsed()) return RunPack(f, /*cifar=*/false);
+  if (sub.verify->parsed()) return RunVerify(f);
+  if (sub.info->parsed()) return Info(f.out, f.as_json);
+  if (sub.exp->parsed()) return RunExport(f);
+  if (sub.fake->parsed()) return RunFakeCifar(f);
   return 2;
 }
