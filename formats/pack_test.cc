@@ -280,7 +280,7 @@ TEST(PackSafety, ConcurrentSplitPacksIntoOneOutAllLand) {
     std::vector<std::jthread> packs;
     for (int i = 0; i < 4; ++i) {
       packs.emplace_back([&, i] {
-        results[i] = PackImageFolder(d / "src", d / "out", "s" + std::to_string(i),
+        results[i] = PackImageFolder(d / "src", d / "out", std::string("s").append(std::to_string(i)),
                                      Opts(PackEncoding::kKeep, 1))
                          .status();
       });

@@ -12,8 +12,8 @@ std::string Quote(std::string_view what, std::string_view text) {
 
 template <typename T>
 Status OutOfRange(std::string_view what, std::string_view text, T min, T max) {
-  return Status::InvalidArgument(Quote(what, text) + " is out of range (" + std::to_string(min) +
-                                 ".." + std::to_string(max) + ")");
+  return Status::OutOfRange(Quote(what, text) + " is out of range (" + std::to_string(min) + ".." +
+                            std::to_string(max) + ")");
 }
 
 Status NotWhole(std::string_view what, std::string_view text) {
@@ -38,8 +38,8 @@ auto ParseList(std::string_view text, std::string_view what, char sep, Parse par
   for (std::string_view item : SplitText(text, sep)) {
     Result<T> v = parse(item);
     if (!v.ok()) {
-      return Status::InvalidArgument(v.status().message() + " in " + std::string(what) + " '" +
-                                     std::string(text) + "'");
+      return Status(v.status().code(), v.status().message() + " in " + std::string(what) + " '" +
+                                               std::string(text) + "'");
     }
     out.push_back(*v);
   }
@@ -80,8 +80,8 @@ Result<double> ParseDouble(std::string_view text, std::string_view what, double 
     return Status::InvalidArgument(Quote(what, text) + " is not a finite number");
   }
   if (v < min || v > max) {
-    return Status::InvalidArgument(Quote(what, text) + " is out of range (" + std::to_string(min) +
-                                   ".." + std::to_string(max) + ")");
+    return Status::OutOfRange(Quote(what, text) + " is out of range (" + std::to_string(min) + ".." +
+                              std::to_string(max) + ")");
   }
   return v;
 }

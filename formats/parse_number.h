@@ -1,6 +1,7 @@
 // Numbers from text (command-line values, environment variables), checked:
 // the whole text must be the number, and it must lie in [min, max]. Errors
-// are InvalidArgument values naming `what` and quoting the text, e.g.
+// name `what` and quote the text: InvalidArgument when the text is not a
+// number, OutOfRange when it is one outside [min, max], e.g.
 //   --threads: '100000' is out of range (1..1024)
 //   CUDA_VISIBLE_DEVICES: '9x' is not a whole number
 //

@@ -21,7 +21,7 @@ Result<CpuList> ParseCpuList(const std::string& text) {
       std::string why;
       if (!lo.ok() || !hi.ok()) {
         const Status& st = lo.ok() ? hi.status() : lo.status();
-        if (st.message().find("out of range") != std::string::npos) {
+        if (st.code() == StatusCode::kOutOfRange) {
           why = " (cpu indices are 0.." + std::to_string(kMaxCpuIndex) + ")";
         }
       }

@@ -71,7 +71,7 @@ TEST(JobPlan, BadFlagTextNamesTheFlag) {
   JobPlanRequest rq = Incident(2);
   rq.gpus = "0,99999999999999999999";
   Status s = MakeJobPlan(rq).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
   EXPECT_NE(s.message().find("in --gpus '0,99999999999999999999'"), std::string::npos)
       << s.message();
   rq.gpus.clear();

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +14,7 @@
 
 #include "formats/cifar_source.h"
 #include "formats/file_util.h"
+#include "formats/parse_number.h"
 #include "formats/manifest.h"
 #include "formats/pack.h"
 #include "formats/verify.h"
@@ -60,17 +60,13 @@ nl::Result<uint64_t> ParseCount(const std::string& flag, const std::string& text
     return nl::Status::InvalidArgument(flag + " " + text +
                                        " is negative: give a whole number from " + range);
   }
-  uint64_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || p != end || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
-    return nl::Status::InvalidArgument(flag + " '" + text +
-                                       "' is not a whole number: give one from " + range);
-  }
-  if (ec == std::errc::result_out_of_range || v < lo || v > hi) {
+  nl::Result<uint64_t> v = nl::ParseUint(text, flag, lo, hi);
+  if (v.ok()) return v;
+  if (v.status().code() == nl::StatusCode::kOutOfRange) {
     return nl::Status::InvalidArgument(flag + " " + text + " is out of range: give " + range);
   }
-  return v;
+  return nl::Status::InvalidArgument(flag + " '" + text + "' is not a whole number: give one from " +
+                                     range);
 }
 
 std::string HumanBytes(double b) {
