@@ -278,6 +278,8 @@ TEST(BadInput, TruncatedPngAtEveryLength) {
     std::vector<uint8_t> cut(png.begin(), png.begin() + n);
     Status s = DecodeImage(cut).status();
     EXPECT_FALSE(s.ok()) << "accepted a PNG truncated to " << n << " of " << png.size();
+    EXPECT_EQ(s.code(), n < 8 ? StatusCode::kUnsupported : StatusCode::kCorruption)
+        << n << ": " << s.ToString();
   }
   std::vector<uint8_t> cut(png.begin(), png.begin() + png.size() / 2);
   Status s = DecodeImage(cut).status();

@@ -194,7 +194,12 @@ TEST(Pipeline, BadRecordMidEpochNamesShardAndIndex) {
                 "split 'train', shard train/shard-00000, index 37: corrupt PNG", 0),
             0u)
       << b.status().ToString();
-  EXPECT_FALSE((*p)->Next().ok()) << "a failed pipeline stays failed";
+  Result<BatchView> again = (*p)->Next();  // a failed pipeline stays failed
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(again.status().message().find("shard train/shard-00000, index 37: corrupt PNG"),
+            std::string::npos)
+      << again.status().ToString();
 }
 
 TEST(Pipeline, SkipModeReplacesAndCounts) {
