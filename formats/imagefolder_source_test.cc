@@ -63,7 +63,10 @@ TEST(ImageFolder, SymlinksFollowedLoopsDetected) {
 
 TEST(ImageFolder, EmptyClassAndNoClassesAreErrors) {
   testing::ScratchDir d;
-  EXPECT_EQ(ImageFolderSource::Scan(d.path()).status().code(), StatusCode::kNotFound);
+  Status none = ImageFolderSource::Scan(d.path()).status();
+  EXPECT_EQ(none.code(), StatusCode::kNotFound);
+  EXPECT_NE(none.message().find("no class directories in " + d.path()), std::string::npos)
+      << none.ToString();
   ASSERT_TRUE(MakeDirs(d / "a").ok());
   ASSERT_TRUE(MakeDirs(d / "b").ok());
   Touch(d / "a/1.png");

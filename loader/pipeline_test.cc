@@ -309,8 +309,10 @@ TEST(Pipeline, ReleasingTwiceDoesNotFreeAnotherBatchsBuffer) {
   ASSERT_TRUE(c3.ok());
   EXPECT_EQ(c3->sequence, 2u);
   EXPECT_EQ(0, std::memcmp(held.data(), b->pixels, held.size())) << "a held batch was overwritten";
-  EXPECT_EQ((*p)->Next().status().code(), StatusCode::kFailedPrecondition)
-      << "both buffers are out";
+  Status out = (*p)->Next().status();  // both buffers are out
+  EXPECT_EQ(out.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(out.message(),
+            "all 2 batch buffers are held by the consumer: Release() one before Next()");
 }
 
 TEST(Pipeline, MissingDataIsAClearError) {
