@@ -95,7 +95,11 @@ TEST(Cifar, ReadsTheTarballWithoutUnpacking) {
   EXPECT_EQ(from_tar->fine_names, from_dir->fine_names);
 
   testing::WriteText(dir / "broken.tar.gz", "not a tarball");
-  EXPECT_FALSE(ReadCifar100(dir / "broken.tar.gz").ok());
+  Status broken = ReadCifar100(dir / "broken.tar.gz").status();
+  EXPECT_EQ(broken.code(), StatusCode::kIOError) << broken.ToString();
+  EXPECT_NE(broken.message().find("cannot open archive " + (dir / "broken.tar.gz")),
+            std::string::npos)
+      << broken.ToString();
 }
 
 // ---- hostile archives: bounded by what CIFAR-100 can be ----

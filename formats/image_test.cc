@@ -278,6 +278,15 @@ TEST(BadInput, TruncatedPngAtEveryLength) {
     std::vector<uint8_t> cut(png.begin(), png.begin() + n);
     Status s = DecodeImage(cut).status();
     EXPECT_FALSE(s.ok()) << "accepted a PNG truncated to " << n << " of " << png.size();
+    if (n == 0) {
+      EXPECT_EQ(s.ToString(), "Corruption: empty file (0 bytes)");
+    } else if (n < 8) {  // not even the PNG signature
+      EXPECT_EQ(s.code(), StatusCode::kUnsupported) << n << ": " << s.ToString();
+      EXPECT_NE(s.message().find("not an image"), std::string::npos) << n << ": " << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << n << ": " << s.ToString();
+      EXPECT_NE(s.message().find("PNG"), std::string::npos) << n << ": " << s.ToString();
+    }
   }
   std::vector<uint8_t> cut(png.begin(), png.begin() + png.size() / 2);
   Status s = DecodeImage(cut).status();
@@ -330,10 +339,14 @@ TEST(BadInput, HugePngHeaderRejectedBeforeAllocation) {
 TEST(BadInput, LimitIsAdjustable) {
   Image src = testing::PatternImage(20, 20, 3);
   std::vector<uint8_t> png = *EncodePng(src);
-  EXPECT_EQ(DecodeImage(png, {.max_pixels = 399}).status().code(), StatusCode::kResourceExhausted);
+  Status png_over = DecodeImage(png, {.max_pixels = 399}).status();
+  EXPECT_EQ(png_over.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(png_over.message(), "PNG of 20x20 pixels exceeds the limit of 399 pixels");
   EXPECT_TRUE(DecodeImage(png, {.max_pixels = 400}).ok());
   std::vector<uint8_t> jpg = *EncodeJpeg(src.pixels, 20, 20, 3);
-  EXPECT_EQ(DecodeImage(jpg, {.max_pixels = 399}).status().code(), StatusCode::kResourceExhausted);
+  Status jpg_over = DecodeImage(jpg, {.max_pixels = 399}).status();
+  EXPECT_EQ(jpg_over.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(jpg_over.message(), "JPEG of 20x20 pixels exceeds the limit of 399 pixels");
 }
 
 // ---- one decoder per thread: a bad image must not poison the next ----

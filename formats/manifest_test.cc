@@ -64,7 +64,9 @@ TEST(Manifest, BadJsonAndVersion) {
   EXPECT_EQ(ManifestFromJson(j, "m.json").status().message(),
             "m.json: manifest format_version 7 is not supported (this build reads 1)");
   testing::ScratchDir dir;
-  EXPECT_EQ(LoadManifest(dir.path()).status().code(), StatusCode::kNotFound);
+  Status missing = LoadManifest(dir.path()).status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find(dir / "manifest.json"), std::string::npos) << missing.ToString();
 }
 
 TEST(Manifest, NamesThatAreNotUtf8RoundTripExactly) {

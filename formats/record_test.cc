@@ -105,7 +105,11 @@ TEST(Record, ImpossibleDimensionsAndLengths) {
   bad = h;
   bad.height = 5'000'000;
   Rewrite(&rec, bad);
-  EXPECT_EQ(DecodeRecord(rec).status().code(), StatusCode::kCorruption);
+  Status tall = DecodeRecord(rec).status();
+  EXPECT_EQ(tall.code(), StatusCode::kCorruption);
+  EXPECT_NE(tall.message().find("impossible image size "), std::string::npos) << tall.ToString();
+  EXPECT_NE(tall.message().find("x5000000 (each side must be 1..1048576)"), std::string::npos)
+      << tall.ToString();
   bad = h;
   bad.width = 8;  // raw payload no longer matches w*h*3
   Rewrite(&rec, bad);

@@ -36,6 +36,7 @@ TEST(Result, ValueOrStatusAndMacros) {
   Result<int> r = Half(3);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "3 is odd");
 }
 
 }  // namespace

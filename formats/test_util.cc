@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 
 #include "formats/crc32c.h"
@@ -44,6 +45,13 @@ Image PatternImage(uint32_t w, uint32_t h, uint32_t seed) {
     }
   }
   return img;
+}
+
+std::vector<uint8_t> Noise(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& x : v) x = static_cast<uint8_t>(g());
+  return v;
 }
 
 namespace {

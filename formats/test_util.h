@@ -31,6 +31,9 @@ class ScratchDir {
 // A deterministic RGB image with varied content.
 Image PatternImage(uint32_t w, uint32_t h, uint32_t seed);
 
+// n pseudo-random bytes (std::mt19937 seeded with `seed`), the same on every run.
+std::vector<uint8_t> Noise(size_t n, uint32_t seed);
+
 struct PngSpec {
   uint32_t width = 0, height = 0;
   int color_type = PNG_COLOR_TYPE_RGB;  // libpng's PNG_COLOR_TYPE_*

@@ -19,8 +19,12 @@ TEST(CpuList, ParseAndFormat) {
 TEST(CpuList, BadInputNamesTheItem) {
   EXPECT_EQ(ParseCpuList("0-3,x").status().message(), "bad item 'x' in cpu list '0-3,x'");
   EXPECT_EQ(ParseCpuList("5-2").status().message(), "bad item '5-2' in cpu list '5-2'");
-  EXPECT_FALSE(ParseCpuList("").ok());
-  EXPECT_FALSE(ParseCpuList("1,,2").ok());
+  Status empty = ParseCpuList("").status();
+  EXPECT_EQ(empty.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(empty.message(), "empty item in cpu list ''");
+  Status gap = ParseCpuList("1,,2").status();
+  EXPECT_EQ(gap.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gap.message(), "empty item in cpu list '1,,2'");
 }
 
 TEST(CpuList, SetOperations) {

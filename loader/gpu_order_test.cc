@@ -31,7 +31,11 @@ TEST(GpuOrder, PciOrderAndCudaVisibleDevices) {
   EXPECT_EQ(ids(""), V{});
   EXPECT_EQ(ids("1,7,2"), V{"0000:03:00.0"});  // as CUDA: stops at the first invalid entry
   EXPECT_EQ(ids("-1"), V{});
-  EXPECT_EQ(ResolveVisibleGpus(t, {"GPU-8a1f", {}}).status().code(), StatusCode::kUnsupported);
+  Status uuid = ResolveVisibleGpus(t, {"GPU-8a1f", {}}).status();
+  EXPECT_EQ(uuid.code(), StatusCode::kUnsupported);
+  EXPECT_NE(uuid.message().find("CUDA_VISIBLE_DEVICES entry 'GPU-8a1f' is a UUID"),
+            std::string::npos)
+      << uuid.ToString();
 }
 
 TEST(GpuOrder, CudaRuntimeIsAuthoritative) {

@@ -108,8 +108,9 @@ TEST(JobPlan, MissingTopologyFileIsAnError) {
   JobPlanRequest rq;
   rq.topology_file = "/nonexistent/topo.xml";
   Status s = MakeJobPlan(rq).status();
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("/nonexistent/topo.xml"), std::string::npos);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("cannot read topology file /nonexistent/topo.xml"), std::string::npos)
+      << s.ToString();
 }
 
 }  // namespace

@@ -194,7 +194,12 @@ TEST(Pipeline, BadRecordMidEpochNamesShardAndIndex) {
                 "split 'train', shard train/shard-00000, index 37: corrupt PNG", 0),
             0u)
       << b.status().ToString();
-  EXPECT_FALSE((*p)->Next().ok()) << "a failed pipeline stays failed";
+  Result<BatchView> again = (*p)->Next();  // a failed pipeline stays failed
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(again.status().message().find("shard train/shard-00000, index 37: corrupt PNG"),
+            std::string::npos)
+      << again.status().ToString();
 }
 
 TEST(Pipeline, SkipModeReplacesAndCounts) {
@@ -304,8 +309,10 @@ TEST(Pipeline, ReleasingTwiceDoesNotFreeAnotherBatchsBuffer) {
   ASSERT_TRUE(c3.ok());
   EXPECT_EQ(c3->sequence, 2u);
   EXPECT_EQ(0, std::memcmp(held.data(), b->pixels, held.size())) << "a held batch was overwritten";
-  EXPECT_EQ((*p)->Next().status().code(), StatusCode::kFailedPrecondition)
-      << "both buffers are out";
+  Status out = (*p)->Next().status();  // both buffers are out
+  EXPECT_EQ(out.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(out.message(),
+            "all 2 batch buffers are held by the consumer: Release() one before Next()");
 }
 
 TEST(Pipeline, MissingDataIsAClearError) {

@@ -91,10 +91,15 @@ TEST(Sampler, BadConfigs) {
   EXPECT_EQ(DistributedSampler::Create(c).status().message(), "rank 2 is not in a world of 2");
   c.rank = 0;
   c.batch_size = 0;
-  EXPECT_FALSE(DistributedSampler::Create(c).ok());
+  Status zero = DistributedSampler::Create(c).status();
+  EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(zero.message(), "batch size must be at least 1");
   c.batch_size = 20;
   c.drop_last_batch = true;
-  EXPECT_FALSE(DistributedSampler::Create(c).ok());
+  Status short_rank = DistributedSampler::Create(c).status();
+  EXPECT_EQ(short_rank.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(short_rank.message(),
+            "each rank has 5 samples, fewer than one batch of 20 (drop_last_batch)");
 }
 
 }  // namespace

@@ -57,8 +57,9 @@ TEST(Topology, LiveMachine) {
 
 TEST(Topology, BadFile) {
   Status s = Topology::FromXmlFile("/nonexistent/topo.xml").status();
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("/nonexistent/topo.xml"), std::string::npos);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("cannot read topology file /nonexistent/topo.xml"), std::string::npos)
+      << s.ToString();
 }
 
 }  // namespace
