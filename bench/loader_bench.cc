@@ -21,14 +21,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "loader/affinity.h"
-#include "loader/binding.h"
-#include "loader/cli_options.h"
+#include "loader/plan/affinity.h"
+#include "loader/plan/binding.h"
+#include "loader/cli/cli_options.h"
 #include "formats/worker_pool.h"
-#include "loader/gpu_order.h"
-#include "loader/job_plan.h"
-#include "loader/pipeline.h"
-#include "loader/topology.h"
+#include "loader/plan/gpu_order.h"
+#include "loader/plan/job_plan.h"
+#include "loader/pipeline/pipeline.h"
+#include "loader/plan/topology.h"
 
 extern "C" char** environ;
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/transforms.h"
+#include "loader/pipeline/transforms.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/test_util.h"
+#include "tests/support/test_util.h"
 
 namespace nl {
 namespace {

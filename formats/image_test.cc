@@ -8,7 +8,7 @@
 #include <cmath>
 #include <thread>
 
-#include "formats/test_util.h"
+#include "tests/support/test_util.h"
 
 namespace nl {
 namespace {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "formats/test_util.h"
+#include "tests/support/test_util.h"
 
 namespace nl {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "formats/test_util.h"
+#include "tests/support/test_util.h"
 
 namespace nl {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "formats/file_util.h"
-#include "formats/test_util.h"
+#include "tests/support/test_util.h"
 
 namespace nl {
 namespace {

@@ -12,12 +12,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "formats/cifar_source.h"
+#include "formats/pack/cifar_source.h"
 #include "formats/file_util.h"
 #include "formats/parse_number.h"
 #include "formats/manifest.h"
-#include "formats/pack.h"
-#include "formats/verify.h"
+#include "formats/pack/pack.h"
+#include "formats/pack/verify.h"
 
 namespace {
 

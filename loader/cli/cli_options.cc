@@ -1,0 +1,88 @@
+#include "loader/cli/cli_options.h"
+
+#include "formats/parse_number.h"
+
+namespace nl {
+
+void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f) {
+  app->add_option("--image-size", c->image_size, "Output side in pixels")->capture_default_str();
+  app->add_option("--resize", f->resize,
+                  "squash (to SxS) or shorter-crop (shorter side S, centre crop)")
+      ->capture_default_str();
+  app->add_flag("--augment", f->augment,
+                "The train transform (random crop, flip) instead of eval (resize only)");
+  app->add_option("--pad-crop", c->pad_crop,
+                  "Train: zero-pad P pixels, then random crop (before resize)");
+  app->add_flag("--random-resized-crop", f->rrc,
+                "Train: torchvision RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3)");
+  app->add_flag("--no-flip", f->no_flip, "Train: no random horizontal flip");
+  app->add_option("--layout", f->layout, "nchw or nhwc")->capture_default_str();
+  app->add_flag("--normalize", c->normalize, "float32 (x/255 - mean) / std instead of uint8");
+  app->add_option("--mean", f->mean, "Normalisation mean, e.g. 0.485,0.456,0.406");
+  app->add_option("--std", f->std, "Normalisation std, e.g. 0.229,0.224,0.225");
+}
+
+namespace {
+Status ParseTriple(const std::string& s, const char* what, std::array<float, 3>* out) {
+  if (s.empty()) return Status::Ok();
+  NL_ASSIGN_OR_RETURN(std::vector<double> v, ParseDoubleList(s, what, -1e6, 1e6));
+  if (v.size() != 3) {
+    return Status::InvalidArgument(std::string(what) + " takes 3 values, got " +
+                                   std::to_string(v.size()) + " ('" + s + "')");
+  }
+  for (int i = 0; i < 3; ++i) (*out)[i] = static_cast<float>(v[i]);
+  return Status::Ok();
+}
+}  // namespace
+
+Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
+  NL_ASSIGN_OR_RETURN(c->resize, ParseResizeMode(f.resize));
+  NL_ASSIGN_OR_RETURN(c->layout, ParseLayout(f.layout));
+  c->train = f.augment;
+  c->random_resized_crop = f.rrc;
+  c->flip = !f.no_flip;
+  if (!f.augment && (c->pad_crop != 0 || f.rrc || f.no_flip)) {
+    return Status::InvalidArgument(
+        "--pad-crop, --random-resized-crop and --no-flip shape the train transform: add "
+        "--augment (without it the eval transform, resize only, is used)");
+  }
+  if (c->image_size < 1 || c->image_size > 8192)
+    return Status::InvalidArgument("--image-size must be 1..8192");
+  if (c->pad_crop < 0 || c->pad_crop > 1024)
+    return Status::InvalidArgument("--pad-crop must be 0..1024");
+  NL_RETURN_IF_ERROR(ParseTriple(f.mean, "--mean", &c->mean));
+  NL_RETURN_IF_ERROR(ParseTriple(f.std, "--std", &c->std));
+  for (float s : c->std)
+    if (s == 0) return Status::InvalidArgument("--std values must not be 0");
+  return Status::Ok();
+}
+
+void AddPipelineOptions(CLI::App* app, PipelineConfig* c, PipelineFlags* f) {
+  app->add_option("--data", c->data_dir, "Shard set directory (pack_tool output)")->required();
+  app->add_option("--split", c->split, "Split")->capture_default_str();
+  app->add_option("--batch-size", c->batch_size, "Samples per batch, at least 1")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  app->add_option("--prefetch", c->prefetch,
+                  "Batches in flight, 1.." + std::to_string(kMaxPrefetch) +
+                      " (their buffers must fit in half the machine's memory)")
+      ->check(CLI::Range(1u, kMaxPrefetch))
+      ->capture_default_str();
+  app->add_option("--seed", c->seed, "Shuffle and augmentation seed")->capture_default_str();
+  app->add_flag("--no-shuffle", f->no_shuffle, "Index order instead of a per-epoch permutation");
+  app->add_flag("--drop-last", c->drop_last,
+                "Trim the dataset to a multiple of the world size instead of padding");
+  app->add_flag("--drop-last-batch", c->drop_last_batch, "Drop each epoch's last partial batch");
+  app->add_option("--on-bad-record", f->on_bad_record,
+                  "error (stop, naming the record) or skip (replace and count)")
+      ->capture_default_str();
+}
+
+Status FinishPipelineOptions(const PipelineFlags& f, PipelineConfig* c) {
+  c->shuffle = !f.no_shuffle;
+  NL_ASSIGN_OR_RETURN(c->on_bad_record, ParseOnBadRecord(f.on_bad_record));
+  if (c->batch_size == 0) return Status::InvalidArgument("--batch-size must be at least 1");
+  return Status::Ok();
+}
+
+}  // namespace nl

@@ -1,0 +1,446 @@
+#include "loader/pipeline/pipeline.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "formats/manifest.h"
+#include "formats/shard.h"
+#include "formats/worker_pool.h"
+#include "loader/pipeline/sample_path.h"
+
+namespace nl {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+// Epoch index lists kept: batches in flight span at most the current epoch,
+// the one before (slow workers) and the next (prefetch across the boundary).
+constexpr size_t kCachedEpochs = 3;
+}  // namespace
+
+Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t batch_size,
+                                                         size_t sample_bytes) {
+  std::unique_ptr<HeapBuffers> hb(new HeapBuffers());
+  const size_t pixels = RoundUp(batch_size * sample_bytes, 4096);
+  const size_t meta = RoundUp(batch_size * sizeof(int64_t), 64);
+  hb->bytes_ = pixels + 2 * meta + RoundUp(sizeof(BatchMeta), 64);
+  // Huge pages where the kernel offers them (fewer TLB misses while workers
+  // write 150 KB per sample); 2 MiB alignment lets it use them.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = hb->bytes_ >= kHuge ? kHuge : 4096;
+  const size_t size = RoundUp(hb->bytes_, align);
+  for (size_t i = 0; i < count; ++i) {
+    // Not touched here: the workers' first writes place the pages.
+    void* p = std::aligned_alloc(align, size);
+    if (!p) {
+      return Status::ResourceExhausted(
+          "cannot allocate batch buffer " + std::to_string(i + 1) + " of " +
+          std::to_string(count) + " (" + std::to_string(size) +
+          " bytes each; lower --prefetch, --batch-size or --image-size)");
+    }
+    if (align == kHuge) (void)madvise(p, size, MADV_HUGEPAGE);
+    auto* base = static_cast<uint8_t*>(p);
+    hb->memory_.emplace_back(p);
+    hb->buffers_.push_back({base, reinterpret_cast<int64_t*>(base + pixels),
+                            reinterpret_cast<int64_t*>(base + pixels + meta),
+                            reinterpret_cast<BatchMeta*>(base + pixels + 2 * meta)});
+  }
+  return hb;
+}
+
+Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
+  if (s == "error") return OnBadRecord::kError;
+  if (s == "skip") return OnBadRecord::kSkip;
+  return Status::InvalidArgument("unknown --on-bad-record '" + s + "' (use error or skip)");
+}
+
+struct Pipeline::Impl {
+  struct Slot {
+    std::atomic<uint64_t> seq{UINT64_MAX};  // the batch this buffer is assigned to
+    std::atomic<uint32_t> remaining{0};     // samples still to write
+    bool ready = false;                     // guarded by mu
+    bool delivered = false;                 // guarded by mu: handed out by Next(), not yet released
+    uint32_t error_at = UINT32_MAX;         // guarded by mu: first failing sample
+    Status error;                           // guarded by mu
+  };
+  struct alignas(64) WorkerStats {
+    std::atomic<uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0}, images{0}, skipped{0};
+  };
+
+  PipelineConfig c;
+  Manifest manifest;
+  std::unique_ptr<SplitReader> reader;
+  std::optional<DistributedSampler> sampler;
+  std::unique_ptr<HeapBuffers> own_buffers;
+  const BufferSource* buffers = nullptr;
+  size_t sample_bytes = 0;
+  uint64_t bpe = 0, total = 0;
+  uint32_t depth = 0;
+  std::unique_ptr<Slot[]> slots;
+
+  std::mutex mu;
+  std::condition_variable work_cv, ready_cv;
+  std::atomic<bool> stop{false};
+  uint64_t next_deliver = 0;  // guarded by mu
+  uint32_t held = 0;          // guarded by mu: delivered, not released
+  Status failure;             // guarded by mu
+  std::atomic<uint64_t> next_sample{0};
+
+  std::mutex epoch_mu;
+  std::map<uint64_t, std::shared_ptr<const std::vector<uint64_t>>> epoch_lists;
+
+  std::vector<std::unique_ptr<WorkerStats>> wstats;
+  double wait_s = 0, ready_sum = 0;  // guarded by mu
+  uint64_t delivered = 0;            // guarded by mu
+  Clock::time_point start = Clock::now();
+  bool in_next = false;  // guarded by mu: a consumer is inside Next()
+  std::unique_ptr<WorkerPool> pool;
+
+  std::pair<uint64_t, uint64_t> EpochBatch(uint64_t g) const {
+    const uint64_t pos = c.start_batch + g;
+    return {c.start_epoch + pos / bpe, pos % bpe};
+  }
+  uint32_t LengthOf(uint64_t g) const { return sampler->BatchLength(EpochBatch(g).second); }
+
+  std::shared_ptr<const std::vector<uint64_t>> EpochList(uint64_t epoch) {
+    std::lock_guard lock(epoch_mu);
+    auto it = epoch_lists.find(epoch);
+    if (it != epoch_lists.end()) return it->second;
+    auto list = std::make_shared<const std::vector<uint64_t>>(sampler->EpochIndices(epoch));
+    epoch_lists[epoch] = list;
+    while (epoch_lists.size() > kCachedEpochs) epoch_lists.erase(epoch_lists.begin());
+    return list;
+  }
+
+  // Must hold mu. Points slot g % depth at batch g (or at nothing past the end).
+  void Assign(uint64_t g) {
+    Slot& s = slots[g % depth];
+    s.ready = false;
+    s.delivered = false;
+    s.error_at = UINT32_MAX;
+    s.error = Status::Ok();
+    if (total && g >= total) {
+      s.seq.store(UINT64_MAX, std::memory_order_release);
+      return;
+    }
+    s.remaining.store(LengthOf(g), std::memory_order_relaxed);
+    s.seq.store(g, std::memory_order_release);
+  }
+
+  // One sample into its slot; the time of each step goes to this worker's stats.
+  Status LoadSample(SamplePath& path, WorkerStats& ws, uint64_t epoch, uint64_t index,
+                    uint8_t* dst, int64_t* label) {
+    SampleTimes t;
+    NL_RETURN_IF_ERROR(path.Load(epoch, index, dst, label, &t));
+    ws.read_ns.fetch_add(t.read_ns, std::memory_order_relaxed);
+    ws.decode_ns.fetch_add(t.decode_ns, std::memory_order_relaxed);
+    ws.transform_ns.fetch_add(t.transform_ns, std::memory_order_relaxed);
+    return Status::Ok();
+  }
+
+  // A worker's failure (an exception, a thread that could not start) stops
+  // the run; Next() returns it.
+  void Fail(const Status& st) {
+    {
+      std::lock_guard lock(mu);
+      if (failure.ok()) failure = st;
+      stop = true;
+    }
+    work_cv.notify_all();
+    ready_cv.notify_all();
+  }
+
+  // The last worker to finish batch g describes it in its buffer.
+  void WriteMeta(uint64_t g) {
+    BatchMeta* meta = buffers->buffer(g % depth).meta;
+    if (!meta) return;
+    const auto [epoch, b] = EpochBatch(g);
+    *meta = BatchMeta{g, epoch, b, LengthOf(g), 0};
+  }
+
+  Status RunWorker(int id) {
+    SamplePath path(*reader, c.transform, c.limits);
+    WorkerStats& ws = *wstats[id];
+    const uint32_t bsz = c.batch_size;
+    // This worker's copy of the current epoch's list: the shared cache (and
+    // its lock) is consulted only when the epoch changes.
+    uint64_t list_epoch = UINT64_MAX;
+    std::shared_ptr<const std::vector<uint64_t>> list;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint64_t s = next_sample.fetch_add(1, std::memory_order_relaxed);
+      const uint64_t g = s / bsz;
+      const uint32_t j = static_cast<uint32_t>(s % bsz);
+      if (total && g >= total) return Status::Ok();
+      // Claims past the end of a short batch carry no work. They must not wait
+      // for the slot: the batch may already be delivered and its slot reused.
+      if (j >= LengthOf(g)) continue;
+      Slot& slot = slots[g % depth];
+      if (slot.seq.load(std::memory_order_acquire) != g) {
+        std::unique_lock lock(mu);
+        work_cv.wait(lock,
+                     [&] { return stop.load() || slot.seq.load(std::memory_order_acquire) == g; });
+        if (stop.load()) return Status::Ok();
+      }
+      const auto [epoch, b] = EpochBatch(g);
+      if (epoch != list_epoch) {
+        list = EpochList(epoch);
+        list_epoch = epoch;
+      }
+      const BatchBuffer buf = buffers->buffer(g % depth);
+      uint8_t* dst = buf.pixels + j * sample_bytes;
+      const uint64_t n = list->size();
+      Status err;
+      for (uint64_t attempt = 0; attempt < n; ++attempt) {
+        const uint64_t index = (*list)[(b * bsz + j + attempt) % n];
+        int64_t label = 0;
+        Status st = LoadSample(path, ws, epoch, index, dst, &label);
+        if (st.ok()) {
+          buf.labels[j] = label;
+          buf.indices[j] = static_cast<int64_t>(index);
+          ws.images.fetch_add(1, std::memory_order_relaxed);
+          err = Status::Ok();
+          break;
+        }
+        err = st;
+        if (c.on_bad_record == OnBadRecord::kError) break;
+        ws.skipped.fetch_add(1, std::memory_order_relaxed);  // replaced by the next sample
+      }
+      if (!err.ok()) {
+        std::lock_guard lock(mu);
+        if (j < slot.error_at) {
+          slot.error_at = j;
+          slot.error = c.on_bad_record == OnBadRecord::kSkip
+                           ? err.WithContext("every sample of rank " + std::to_string(c.rank) +
+                                             "'s list failed")
+                           : err;
+        }
+      }
+      if (slot.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        WriteMeta(g);
+        {
+          std::lock_guard lock(mu);
+          slot.ready = true;
+        }
+        ready_cv.notify_all();
+      }
+    }
+    return Status::Ok();
+  }
+};
+
+namespace {
+
+Status CheckCounts(const PipelineConfig& c) {
+  if (c.threads < 1 || c.threads > WorkerPool::kMaxThreads) {
+    return Status::InvalidArgument("loader threads must be 1.." +
+                                   std::to_string(WorkerPool::kMaxThreads) + " (asked for " +
+                                   std::to_string(c.threads) + ")");
+  }
+  if (c.prefetch < 1 || c.prefetch > kMaxPrefetch) {
+    return Status::InvalidArgument("--prefetch must be 1.." + std::to_string(kMaxPrefetch) +
+                                   " (asked for " + std::to_string(c.prefetch) + ")");
+  }
+  if (c.batch_size < 1) return Status::InvalidArgument("--batch-size must be at least 1");
+  return Status::Ok();
+}
+
+// The batch buffers must fit in this machine's memory (checked before
+// anything is allocated, so an absurd request is an error, not a swap storm).
+Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return Status::Ok();
+  const double want = static_cast<double>(count) * batch_size * sample_bytes;
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (want <= have / 2) return Status::Ok();
+  char msg[256];
+  std::snprintf(msg, sizeof msg,
+                "%u batch buffers of %u samples x %zu bytes need %.1f GiB, more than half of "
+                "this machine's %.1f GiB: lower --prefetch, --batch-size or --image-size",
+                count, batch_size, sample_bytes, want / (1ull << 30), have / (1ull << 30));
+  return Status::ResourceExhausted(msg);
+}
+
+}  // namespace
+
+Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Pipeline::~Pipeline() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->work_cv.notify_all();
+  impl_->ready_cv.notify_all();
+  impl_->pool.reset();  // joins
+}
+
+Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.c = config;
+  m.c.transform.seed = config.seed;
+  NL_RETURN_IF_ERROR(CheckCounts(config));
+  NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
+  NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
+  SamplerConfig sc;
+  sc.dataset_size = m.reader->size();
+  sc.rank = config.rank;
+  sc.world = config.world;
+  sc.seed = config.seed;
+  sc.shuffle = config.shuffle;
+  sc.drop_last = config.drop_last;
+  sc.batch_size = config.batch_size;
+  sc.drop_last_batch = config.drop_last_batch;
+  NL_ASSIGN_OR_RETURN(DistributedSampler sampler, DistributedSampler::Create(sc));
+  m.sampler.emplace(sampler);
+  m.bpe = sampler.batches_per_epoch();
+  if (config.start_batch >= m.bpe) {
+    return Status::InvalidArgument("start batch " + std::to_string(config.start_batch) +
+                                   " is past the " + std::to_string(m.bpe) +
+                                   " batches of an epoch");
+  }
+  m.total = config.epochs ? config.epochs * m.bpe - config.start_batch : 0;
+  m.sample_bytes = SampleTransform(m.c.transform).SampleBytes();
+  m.depth = config.prefetch;
+  NL_RETURN_IF_ERROR(CheckBufferMemory(m.depth, config.batch_size, m.sample_bytes));
+  if (config.buffers) {
+    if (config.buffers->count() < m.depth) {
+      return Status::InvalidArgument("the buffer source has " +
+                                     std::to_string(config.buffers->count()) +
+                                     " buffers for a prefetch of " + std::to_string(m.depth));
+    }
+    m.buffers = config.buffers;
+  } else {
+    NL_ASSIGN_OR_RETURN(m.own_buffers,
+                        HeapBuffers::Create(m.depth, config.batch_size, m.sample_bytes));
+    m.buffers = m.own_buffers.get();
+  }
+  m.slots.reset(new Impl::Slot[m.depth]);
+  {
+    std::lock_guard lock(m.mu);
+    for (uint64_t g = 0; g < m.depth; ++g) m.Assign(g);
+  }
+  for (uint32_t i = 0; i < config.threads; ++i)
+    m.wstats.push_back(std::make_unique<Impl::WorkerStats>());
+  m.start = Clock::now();
+  Impl* raw = impl.get();
+  WorkerPool::Options po;
+  po.threads = config.threads;
+  po.name = "loader worker";
+  po.on_start = config.thread_start;
+  po.on_error = [raw](const Status& st) { raw->Fail(st); };
+  NL_ASSIGN_OR_RETURN(m.pool, WorkerPool::Start(po, [raw](int w) { return raw->RunWorker(w); }));
+  return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
+}
+
+Result<BatchView> Pipeline::Next() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  if (m.in_next) {
+    return Status::FailedPrecondition(
+        "Next() called while another Next() is waiting: one consumer thread at a time");
+  }
+  if (!m.failure.ok()) return m.failure;
+  if (m.total && m.next_deliver >= m.total) {
+    // Every batch is out: the workers have nothing left to do. Join them, so
+    // that a worker that failed late (e.g. its start hook threw after the
+    // others had done all the work) is reported rather than lost.
+    m.stop = true;
+    lock.unlock();
+    m.work_cv.notify_all();
+    if (Status st = m.pool->Join(); !st.ok()) return st;
+    return Status::OutOfRange("end of the run (" + std::to_string(m.total) + " batches)");
+  }
+  if (m.held >= m.depth) {
+    return Status::FailedPrecondition(
+        "all " + std::to_string(m.depth) +
+        " batch buffers are held by the consumer: Release() one before Next()");
+  }
+  const uint64_t g = m.next_deliver;
+  Impl::Slot& slot = m.slots[g % m.depth];
+  for (uint32_t i = 0; i < m.depth; ++i) m.ready_sum += m.slots[i].ready ? 1 : 0;
+  const auto t0 = Clock::now();
+  m.in_next = true;
+  m.ready_cv.wait(lock, [&] {
+    return m.stop.load() || (slot.seq.load(std::memory_order_acquire) == g && slot.ready);
+  });
+  m.in_next = false;
+  m.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!m.failure.ok()) return m.failure;
+  if (m.stop.load() && !(slot.seq.load() == g && slot.ready))
+    return Status::Aborted("the loader was stopped");
+  if (!slot.error.ok()) {
+    m.failure = slot.error;
+    m.stop = true;
+    lock.unlock();
+    m.work_cv.notify_all();
+    return m.failure;
+  }
+  const auto [epoch, b] = m.EpochBatch(g);
+  const BatchBuffer buf = m.buffers->buffer(g % m.depth);
+  BatchView v;
+  v.sequence = g;
+  v.epoch = epoch;
+  v.batch = b;
+  v.size = m.LengthOf(g);
+  v.pixels = buf.pixels;
+  v.labels = buf.labels;
+  v.indices = buf.indices;
+  v.buffer = g % m.depth;
+  slot.delivered = true;
+  ++m.next_deliver;
+  ++m.held;
+  ++m.delivered;
+  return v;
+}
+
+Status Pipeline::Release(const BatchView& view) {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mu);
+    // Only a batch that is out and not yet back frees its buffer: releasing
+    // twice (or a stale view) must not hand the buffer to another batch while
+    // workers may be writing it.
+    Impl::Slot& slot = m.slots[view.sequence % m.depth];
+    if (slot.seq.load(std::memory_order_relaxed) != view.sequence || !slot.delivered) {
+      return Status::InvalidArgument("Release() of batch " + std::to_string(view.sequence) +
+                                     ", which is not held (released twice, or never delivered)");
+    }
+    --m.held;
+    m.Assign(view.sequence + m.depth);
+  }
+  m.work_cv.notify_all();
+  return Status::Ok();
+}
+
+PipelineStats Pipeline::Stats() const {
+  Impl& m = *impl_;
+  PipelineStats s;
+  for (const auto& w : m.wstats) {
+    s.images += w->images.load();
+    s.skipped += w->skipped.load();
+    s.read_s += w->read_ns.load() * 1e-9;
+    s.decode_s += w->decode_ns.load() * 1e-9;
+    s.transform_s += w->transform_ns.load() * 1e-9;
+  }
+  std::lock_guard lock(m.mu);
+  s.batches = m.delivered;
+  s.wait_s = m.wait_s;
+  s.mean_ready = m.delivered ? m.ready_sum / m.delivered : 0;
+  s.consumer_waiting = m.in_next;
+  s.elapsed_s = std::chrono::duration<double>(Clock::now() - m.start).count();
+  return s;
+}
+
+const DistributedSampler& Pipeline::sampler() const { return *impl_->sampler; }
+size_t Pipeline::sample_bytes() const { return impl_->sample_bytes; }
+uint64_t Pipeline::total_batches() const { return impl_->total; }
+
+}  // namespace nl

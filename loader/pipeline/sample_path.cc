@@ -1,0 +1,50 @@
+#include "loader/pipeline/sample_path.h"
+
+#include <chrono>
+
+namespace nl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+uint64_t NanosSince(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+}
+
+}  // namespace
+
+SamplePath::SamplePath(const SplitReader& reader, const TransformConfig& transform,
+                       const DecodeLimits& limits)
+    : reader_(&reader), txn_(reader.BeginRead()), transform_(transform), limits_(limits) {}
+
+Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label,
+                        SampleTimes* times) {
+  SampleTimes t;
+  const auto t0 = Clock::now();
+  RecordLimits rl;
+  rl.max_pixels = limits_.max_pixels;
+  NL_ASSIGN_OR_RETURN(RecordView rec, txn_.Read(index, rl));
+  const auto t1 = Clock::now();
+  t.read_ns = NanosSince(t0);
+  const uint8_t* rgb = rec.payload.data();
+  if (rec.header.encoding != Encoding::kRaw) {
+    Status st = DecodeImageInto(rec.payload, limits_, &decoded_);
+    if (st.ok()) st = CheckDecodedShape(rec.header, decoded_);
+    if (!st.ok()) return st.WithContext(reader_->Where(index));
+    rgb = decoded_.pixels.data();
+  }
+  const auto t2 = Clock::now();
+  t.decode_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+  transform_.Apply(rgb, static_cast<int>(rec.header.width), static_cast<int>(rec.header.height),
+                   epoch, index, dst);
+  t.transform_ns = NanosSince(t2);
+  *label = rec.header.label;
+  if (times) {
+    times->read_ns += t.read_ns;
+    times->decode_ns += t.decode_ns;
+    times->transform_ns += t.transform_ns;
+  }
+  return Status::Ok();
+}
+
+}  // namespace nl

@@ -1,0 +1,52 @@
+// The one way a stored sample becomes model input: read its record, decode
+// it, check the decoded shape against the record's header, and transform it
+// into its slot of a batch. The pipeline's workers, `loader preview` and the
+// loader service all call this; none of them reads, decodes or transforms a
+// sample any other way.
+//
+//   SamplePath path(*split_reader, transform_config, decode_limits);  // one per thread
+//   int64_t label;
+//   NL_RETURN_IF_ERROR(path.Load(epoch, index, slot_pixels, &label));
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "formats/image.h"
+#include "formats/shard.h"
+#include "formats/status.h"
+#include "loader/pipeline/transforms.h"
+
+namespace nl {
+
+// Time spent in each step, added to by Load().
+struct SampleTimes {
+  uint64_t read_ns = 0, decode_ns = 0, transform_ns = 0;
+};
+
+// Thread-compatible: one per thread (it owns that thread's read transaction
+// and scratch buffers). `reader` must outlive it.
+class SamplePath {
+ public:
+  SamplePath(const SplitReader& reader, const TransformConfig& transform,
+             const DecodeLimits& limits);
+
+  // Bytes Load() writes: SampleTransform(transform).SampleBytes().
+  size_t sample_bytes() const { return transform_.SampleBytes(); }
+
+  // Writes sample `index`, as epoch `epoch` sees it, to dst[0, sample_bytes())
+  // and its label to *label. Errors (record checks, decode failures, a
+  // payload that decodes to another size than its header states, the pixel
+  // limit) name the split, shard and index; dst is then unspecified.
+  Status Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label,
+              SampleTimes* times = nullptr);
+
+ private:
+  const SplitReader* reader_;
+  SplitReader::ReadTxn txn_;
+  SampleTransform transform_;
+  DecodeLimits limits_;
+  Image decoded_;
+};
+
+}  // namespace nl

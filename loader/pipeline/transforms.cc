@@ -1,0 +1,160 @@
+#include "loader/pipeline/transforms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "loader/pipeline/random.h"
+
+namespace nl {
+
+Result<ResizeMode> ParseResizeMode(const std::string& s) {
+  if (s == "squash") return ResizeMode::kSquash;
+  if (s == "shorter-crop") return ResizeMode::kShorterCrop;
+  return Status::InvalidArgument("unknown resize mode '" + s + "' (use squash or shorter-crop)");
+}
+
+Result<Layout> ParseLayout(const std::string& s) {
+  if (s == "nchw" || s == "NCHW") return Layout::kNCHW;
+  if (s == "nhwc" || s == "NHWC") return Layout::kNHWC;
+  return Status::InvalidArgument("unknown layout '" + s + "' (use nchw or nhwc)");
+}
+
+SampleTransform::SampleTransform(TransformConfig c) : c_(c) {
+  for (int ch = 0; ch < 3; ++ch)
+    for (int v = 0; v < 256; ++v) lut_[ch][v] = (v / 255.0f - c_.mean[ch]) / c_.std[ch];
+}
+
+size_t SampleTransform::SampleBytes() const {
+  const size_t px = static_cast<size_t>(c_.image_size) * c_.image_size * 3;
+  return c_.normalize ? px * sizeof(float) : px;
+}
+
+SampleGeometry SampleTransform::Geometry(int w, int h, uint64_t epoch, uint64_t index) const {
+  SampleGeometry g;
+  const int s = c_.image_size;
+  Rng rng(c_.seed, epoch, index);
+  g.crop_w = w;
+  g.crop_h = h;
+  if (c_.train && c_.pad_crop > 0) {
+    g.pad = c_.pad_crop;
+    g.crop_x = static_cast<int>(rng.Below(static_cast<uint64_t>(2 * g.pad + 1)));
+    g.crop_y = static_cast<int>(rng.Below(static_cast<uint64_t>(2 * g.pad + 1)));
+  }
+  if (c_.train && c_.random_resized_crop) {
+    // torchvision.transforms.RandomResizedCrop.get_params, with our generator.
+    const double area = static_cast<double>(g.crop_w) * g.crop_h;
+    const double lr0 = std::log(c_.rrc_ratio[0]), lr1 = std::log(c_.rrc_ratio[1]);
+    bool found = false;
+    for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+      const double target = area * rng.Uniform(c_.rrc_scale[0], c_.rrc_scale[1]);
+      const double aspect = std::exp(rng.Uniform(lr0, lr1));
+      const int cw = static_cast<int>(std::lround(std::sqrt(target * aspect)));
+      const int ch = static_cast<int>(std::lround(std::sqrt(target / aspect)));
+      if (cw > 0 && cw <= g.crop_w && ch > 0 && ch <= g.crop_h) {
+        g.crop_x += static_cast<int>(rng.Below(static_cast<uint64_t>(g.crop_w - cw + 1)));
+        g.crop_y += static_cast<int>(rng.Below(static_cast<uint64_t>(g.crop_h - ch + 1)));
+        g.crop_w = cw;
+        g.crop_h = ch;
+        found = true;
+      }
+    }
+    if (!found) {  // fall back to a centre crop within the ratio bounds
+      const double in_ratio = static_cast<double>(g.crop_w) / g.crop_h;
+      int cw = g.crop_w, ch = g.crop_h;
+      if (in_ratio < c_.rrc_ratio[0]) {
+        ch = static_cast<int>(std::lround(cw / c_.rrc_ratio[0]));
+      } else if (in_ratio > c_.rrc_ratio[1]) {
+        cw = static_cast<int>(std::lround(ch * c_.rrc_ratio[1]));
+      }
+      g.crop_x += (g.crop_w - cw) / 2;
+      g.crop_y += (g.crop_h - ch) / 2;
+      g.crop_w = cw;
+      g.crop_h = ch;
+    }
+    g.full_w = g.full_h = s;
+  } else if (c_.resize == ResizeMode::kShorterCrop) {
+    // torchvision Resize(s): the shorter side becomes s, the longer
+    // int(s * long / short); then CenterCrop(s) with Python's round().
+    const bool wide = g.crop_w >= g.crop_h;
+    const int shorter = wide ? g.crop_h : g.crop_w, longer = wide ? g.crop_w : g.crop_h;
+    const int new_long = static_cast<int>(static_cast<double>(s) * longer / shorter);
+    g.full_w = wide ? new_long : s;
+    g.full_h = wide ? s : new_long;
+    auto py_round_half = [](int diff) {  // round(diff / 2.0), half to even
+      return (diff % 2 == 0) ? diff / 2 : ((diff / 2) % 2 == 0 ? diff / 2 : diff / 2 + 1);
+    };
+    g.out_x = py_round_half(g.full_w - s);
+    g.out_y = py_round_half(g.full_h - s);
+  } else {
+    g.full_w = g.full_h = s;
+  }
+  if (c_.train && c_.flip) g.flip = (rng.Next() >> 63) != 0;
+  return g;
+}
+
+void SampleTransform::Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, uint64_t index,
+                            uint8_t* out) {
+  const SampleGeometry g = Geometry(w, h, epoch, index);
+  const int s = c_.image_size;
+  const size_t plane = static_cast<size_t>(g.crop_w) * g.crop_h;
+  planes_.resize(plane * 3);
+  // Crop (from the zero-padded source), flip, and split into planes, a row
+  // at a time: the in-image span of a row, then zeros for the padding.
+  uint8_t* p0 = planes_.data();
+  uint8_t* p1 = p0 + plane;
+  uint8_t* p2 = p1 + plane;
+  for (int y = 0; y < g.crop_h; ++y) {
+    const int sy = g.crop_y + y - g.pad;
+    const size_t row = static_cast<size_t>(y) * g.crop_w;
+    if (sy < 0 || sy >= h) {
+      std::memset(p0 + row, 0, g.crop_w);
+      std::memset(p1 + row, 0, g.crop_w);
+      std::memset(p2 + row, 0, g.crop_w);
+      continue;
+    }
+    // Crop columns x with source column sx = crop_x + x - pad inside [0, w).
+    const int x_lo = std::clamp(g.pad - g.crop_x, 0, g.crop_w);
+    const int x_hi = std::clamp(w + g.pad - g.crop_x, x_lo, g.crop_w);
+    const uint8_t* src = rgb + (static_cast<size_t>(sy) * w + (g.crop_x + x_lo - g.pad)) * 3;
+    for (int x = 0; x < g.crop_w; ++x) {
+      const int dx = g.flip ? g.crop_w - 1 - x : x;  // where crop column x lands
+      if (x < x_lo || x >= x_hi) {
+        p0[row + dx] = p1[row + dx] = p2[row + dx] = 0;
+        continue;
+      }
+      const uint8_t* px = src + static_cast<size_t>(x - x_lo) * 3;
+      p0[row + dx] = px[0];
+      p1[row + dx] = px[1];
+      p2[row + dx] = px[2];
+    }
+  }
+  const size_t out_plane = static_cast<size_t>(s) * s;
+  const bool direct = c_.layout == Layout::kNCHW && !c_.normalize;
+  uint8_t* dst = out;
+  if (!direct) {
+    staged_.resize(out_plane * 3);
+    dst = staged_.data();
+  }
+  for (int ch = 0; ch < 3; ++ch) {
+    resizer_.Resize(planes_.data() + ch * plane, g.crop_w, g.crop_h, g.crop_w, g.full_w, g.full_h,
+                    g.out_x, g.out_y, s, s, dst + ch * out_plane, s, c_.isa);
+  }
+  if (direct) return;
+  if (c_.normalize) {
+    float* f = reinterpret_cast<float*>(out);
+    if (c_.layout == Layout::kNCHW) {
+      for (int ch = 0; ch < 3; ++ch)
+        for (size_t i = 0; i < out_plane; ++i)
+          f[ch * out_plane + i] = lut_[ch][staged_[ch * out_plane + i]];
+    } else {
+      for (size_t i = 0; i < out_plane; ++i)
+        for (int ch = 0; ch < 3; ++ch) f[i * 3 + ch] = lut_[ch][staged_[ch * out_plane + i]];
+    }
+    return;
+  }
+  for (size_t i = 0; i < out_plane; ++i)  // NHWC uint8
+    for (int ch = 0; ch < 3; ++ch) out[i * 3 + ch] = staged_[ch * out_plane + i];
+}
+
+}  // namespace nl

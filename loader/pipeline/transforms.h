@@ -1,0 +1,77 @@
+// Per-sample transforms: crop / resize / flip into one slot of a batch.
+//
+// Eval: resize only, Pillow-exact (see resize.h), so the pixels equal
+// torchvision's on the PIL image:
+//   squash        = Resize((S, S))
+//   shorter-crop  = Resize(S) then CenterCrop(S)
+// Train adds, in this order: pad-and-random-crop (--pad-crop P: zero padding
+// P on each side, then a random crop of the original size), or
+// random-resized-crop (torchvision's scale and ratio parameters), then a
+// random horizontal flip (p = 0.5; applied to the crop before resizing,
+// which is cheaper and equal up to rounding). Every random choice comes from
+// (seed, epoch, sample index): the same sample in the same epoch gets the
+// same bytes whatever the thread count.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+#include "loader/pipeline/resize.h"
+
+namespace nl {
+
+enum class ResizeMode { kSquash, kShorterCrop };
+enum class Layout { kNCHW, kNHWC };
+Result<ResizeMode> ParseResizeMode(const std::string& s);
+Result<Layout> ParseLayout(const std::string& s);
+
+struct TransformConfig {
+  int image_size = 224;
+  ResizeMode resize = ResizeMode::kSquash;
+  bool train = false;  // augment (otherwise eval: resize only)
+  int pad_crop = 0;    // train: pad then random crop
+  bool random_resized_crop = false;
+  double rrc_scale[2] = {0.08, 1.0};
+  double rrc_ratio[2] = {3.0 / 4.0, 4.0 / 3.0};
+  bool flip = true;  // train: random horizontal flip
+  Layout layout = Layout::kNCHW;
+  bool normalize = false;  // float32 (x/255 - mean) / std instead of uint8
+  std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
+  std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
+  uint64_t seed = 0;
+  Isa isa = BestIsa();
+};
+
+// The geometry chosen for one sample (for tests and preview).
+struct SampleGeometry {
+  int crop_x = 0, crop_y = 0, crop_w = 0, crop_h = 0;  // in the (padded) source
+  int pad = 0;
+  bool flip = false;
+  int full_w = 0, full_h = 0;  // size the crop is resized to
+  int out_x = 0, out_y = 0;    // window of that resize that is kept (S x S)
+};
+
+class SampleTransform {
+ public:
+  explicit SampleTransform(TransformConfig c);
+  const TransformConfig& config() const { return c_; }
+  // Bytes one sample occupies in a batch: S*S*3, times 4 with normalize.
+  size_t SampleBytes() const;
+
+  SampleGeometry Geometry(int w, int h, uint64_t epoch, uint64_t index) const;
+  // Transforms an RGB image (HWC, w x h) into `out` (SampleBytes() bytes, in
+  // the configured layout). Thread-compatible: one SampleTransform per thread.
+  void Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, uint64_t index, uint8_t* out);
+
+ private:
+  TransformConfig c_;
+  PlaneResizer resizer_;
+  std::vector<uint8_t> planes_;  // source crop as 3 planes
+  std::vector<uint8_t> staged_;  // resized planes, before interleave / normalize
+  std::array<std::array<float, 256>, 3> lut_{};
+};
+
+}  // namespace nl

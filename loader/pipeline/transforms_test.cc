@@ -1,0 +1,140 @@
+// Tests of loader/transforms.h: the per-sample geometry (flips, crops), the
+// output layouts and normalization.
+#include "loader/pipeline/transforms.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tests/support/test_util.h"
+
+namespace nl {
+namespace {
+
+using testing::Noise;
+
+std::vector<uint8_t> Rgb(int w, int h, uint32_t seed) {
+  return Noise(static_cast<size_t>(w) * h * 3, seed);
+}
+
+TEST(Transform, FlipAndCropGeometry) {
+  TransformConfig c;
+  c.image_size = 4;
+  c.train = true;
+  c.flip = true;
+  c.pad_crop = 0;
+  SampleTransform t(c);
+  // A 4x4 image resized to 4x4 is copied: the flip is visible exactly.
+  std::vector<uint8_t> img = Rgb(4, 4, 1);
+  std::vector<uint8_t> out(t.SampleBytes());
+  int flipped = 0;
+  for (uint64_t idx = 0; idx < 32; ++idx) {
+    const bool flip = t.Geometry(4, 4, 0, idx).flip;
+    flipped += flip;
+    t.Apply(img.data(), 4, 4, 0, idx, out.data());
+    for (int ch = 0; ch < 3; ++ch)
+      for (int y = 0; y < 4; ++y)
+        for (int x = 0; x < 4; ++x) {
+          const int sx = flip ? 3 - x : x;
+          ASSERT_EQ(out[ch * 16 + y * 4 + x], img[(y * 4 + sx) * 3 + ch]);
+        }
+  }
+  EXPECT_GT(flipped, 4);
+  EXPECT_LT(flipped, 28);
+
+  // Pad-crop: a 4x4 window of the zero-padded image.
+  c.flip = false;
+  c.pad_crop = 2;
+  SampleTransform pc(c);
+  for (uint64_t idx = 0; idx < 16; ++idx) {
+    SampleGeometry g = pc.Geometry(4, 4, 1, idx);
+    ASSERT_LE(g.crop_x, 4);
+    pc.Apply(img.data(), 4, 4, 1, idx, out.data());
+    for (int y = 0; y < 4; ++y)
+      for (int x = 0; x < 4; ++x) {
+        const int sx = g.crop_x + x - 2, sy = g.crop_y + y - 2;
+        const bool inside = sx >= 0 && sx < 4 && sy >= 0 && sy < 4;
+        ASSERT_EQ(out[y * 4 + x], inside ? img[(sy * 4 + sx) * 3] : 0);
+      }
+  }
+}
+
+TEST(Transform, ShorterCropMatchesTorchvisionGeometry) {
+  TransformConfig c;
+  c.image_size = 224;
+  c.resize = ResizeMode::kShorterCrop;
+  SampleTransform t(c);
+  SampleGeometry g =
+      t.Geometry(500, 375, 0, 0);  // Resize(224): 298x224, CenterCrop: left round(37.0)=37
+  EXPECT_EQ(g.full_w, 298);
+  EXPECT_EQ(g.full_h, 224);
+  EXPECT_EQ(g.out_x, 37);
+  g = t.Geometry(375, 501, 0,
+                 0);  // 224 x int(224*501/375)=299; top = round(37.5) = 38 (half to even)
+  EXPECT_EQ(g.full_h, 299);
+  EXPECT_EQ(g.out_y, 38);
+  g = t.Geometry(100, 251, 0, 0);  // 224 x int(562.24)=562; top = round(169.0) = 169
+  EXPECT_EQ(g.out_y, 169);
+}
+
+TEST(Transform, RandomResizedCropStaysInsideAndVaries) {
+  TransformConfig c;
+  c.image_size = 16;
+  c.train = true;
+  c.random_resized_crop = true;
+  SampleTransform t(c);
+  std::set<std::pair<int, int>> sizes;
+  for (uint64_t i = 0; i < 200; ++i) {
+    SampleGeometry g = t.Geometry(50, 40, 3, i);
+    ASSERT_GE(g.crop_x, 0);
+    ASSERT_GE(g.crop_y, 0);
+    ASSERT_LE(g.crop_x + g.crop_w, 50);
+    ASSERT_LE(g.crop_y + g.crop_h, 40);
+    const double area = static_cast<double>(g.crop_w) * g.crop_h / 2000.0;
+    ASSERT_GE(area, 0.06);
+    sizes.insert({g.crop_w, g.crop_h});
+  }
+  EXPECT_GT(sizes.size(), 50u);
+}
+
+TEST(Transform, LayoutsAndNormalizeAgree) {
+  std::vector<uint8_t> img = Rgb(32, 32, 5);
+  TransformConfig c;
+  c.image_size = 48;
+  SampleTransform nchw(c);
+  std::vector<uint8_t> a(nchw.SampleBytes());
+  nchw.Apply(img.data(), 32, 32, 0, 0, a.data());
+  c.layout = Layout::kNHWC;
+  SampleTransform nhwc(c);
+  std::vector<uint8_t> b(nhwc.SampleBytes());
+  nhwc.Apply(img.data(), 32, 32, 0, 0, b.data());
+  c.layout = Layout::kNCHW;
+  c.normalize = true;
+  SampleTransform norm(c);
+  std::vector<uint8_t> f(norm.SampleBytes());
+  norm.Apply(img.data(), 32, 32, 0, 0, f.data());
+  const float* fp = reinterpret_cast<const float*>(f.data());
+  const size_t plane = 48 * 48;
+  for (size_t i = 0; i < plane; ++i) {
+    for (int ch = 0; ch < 3; ++ch) {
+      ASSERT_EQ(a[ch * plane + i], b[i * 3 + ch]);
+      ASSERT_FLOAT_EQ(fp[ch * plane + i], (a[ch * plane + i] / 255.0f - c.mean[ch]) / c.std[ch]);
+    }
+  }
+}
+
+TEST(Transform, ParsesModesAndLayoutsAndNamesBadOnes) {
+  EXPECT_EQ(*ParseResizeMode("squash"), ResizeMode::kSquash);
+  EXPECT_EQ(*ParseResizeMode("shorter-crop"), ResizeMode::kShorterCrop);
+  Status mode = ParseResizeMode("crop").status();
+  EXPECT_EQ(mode.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(mode.message(), "unknown resize mode 'crop' (use squash or shorter-crop)");
+  EXPECT_EQ(*ParseLayout("nchw"), Layout::kNCHW);
+  EXPECT_EQ(*ParseLayout("NHWC"), Layout::kNHWC);
+  Status layout = ParseLayout("chw").status();
+  EXPECT_EQ(layout.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.message(), "unknown layout 'chw' (use nchw or nhwc)");
+}
+
+}  // namespace
+}  // namespace nl

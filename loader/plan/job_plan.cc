@@ -1,0 +1,67 @@
+#include "loader/plan/job_plan.h"
+
+#include "formats/parse_number.h"
+
+namespace nl {
+namespace {
+
+Result<std::vector<int>> IntList(const std::string& text, const char* flag, int64_t max) {
+  NL_ASSIGN_OR_RETURN(std::vector<int64_t> l, ParseIntList(text, flag, 0, max));
+  return std::vector<int>(l.begin(), l.end());
+}
+
+Status ParsePlanFlags(const JobPlanRequest& rq, PlanOptions* o) {
+  if (!rq.gpus.empty()) {
+    NL_ASSIGN_OR_RETURN(o->rank_gpu, IntList(rq.gpus, "--gpus", kMaxGpuIndex));
+  }
+  if (!rq.numa_node.empty()) {
+    NL_ASSIGN_OR_RETURN(o->numa_node, IntList(rq.numa_node, "--numa-node", kMaxCpuIndex));
+  }
+  if (!rq.cpu_affinity.empty()) {
+    NL_ASSIGN_OR_RETURN(o->cpu_affinity, ParseCpuAffinity(rq.cpu_affinity));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
+  const bool live = rq.topology_file.empty();
+  NL_ASSIGN_OR_RETURN(Topology topo,
+                      live ? Topology::Live() : Topology::FromXmlFile(rq.topology_file));
+  JobPlan job{std::move(topo), {}, {}, {}, {}};
+  GpuOrderInputs in;
+  in.cuda_visible_devices = rq.cuda_visible_devices;
+  if (live) in.cuda_bus_ids = QueryCudaBusIds(&job.gpu_note);
+  std::string cvd_note;
+  NL_ASSIGN_OR_RETURN(std::vector<VisibleGpu> gpus,
+                      ResolveVisibleGpus(job.topology, in, &cvd_note));
+  if (!cvd_note.empty()) job.notes.push_back(cvd_note);
+  if (rq.ignore_gpus) {
+    if (!gpus.empty()) {
+      job.notes.push_back("--ignore-gpus: planning without the " + std::to_string(gpus.size()) +
+                          " visible GPU(s); ranks go round-robin over NUMA nodes");
+    }
+  } else {
+    job.gpus = std::move(gpus);
+  }
+
+  PlanOptions o;
+  o.nproc = rq.nproc > 0 ? rq.nproc : std::max<int>(1, static_cast<int>(job.gpus.size()));
+  o.visible_gpus = job.gpus;
+  o.trainer_cores = rq.trainer_cores;
+  o.allow_shared_cores = rq.allow_shared_cores;
+  o.no_bind = rq.no_bind;
+  NL_RETURN_IF_ERROR(ParsePlanFlags(rq, &o));
+  NL_ASSIGN_OR_RETURN(job.plan, Plan(job.topology, o));
+  for (const RankPlan& r : job.plan.ranks) {
+    if (r.shares_cores) {
+      job.notes.push_back("--allow-shared-cores: local rank " + std::to_string(r.local_rank) +
+                          " shares its cores with another rank");
+    }
+  }
+  if (!job.plan.binds) job.notes.push_back("--no-bind: no rank is bound");
+  return job;
+}
+
+}  // namespace nl
