@@ -8,12 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <csignal>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -21,13 +20,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "formats/worker_pool.h"
+#include "loader/cli/cli_options.h"
+#include "loader/pipeline/pipeline.h"
 #include "loader/plan/affinity.h"
 #include "loader/plan/binding.h"
-#include "loader/cli/cli_options.h"
-#include "formats/worker_pool.h"
 #include "loader/plan/gpu_order.h"
 #include "loader/plan/job_plan.h"
-#include "loader/pipeline/pipeline.h"
 #include "loader/plan/topology.h"
 
 extern "C" char** environ;
@@ -339,11 +338,11 @@ int Run(Args a) {
   if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
     if (a.child_rank >= a.ranks) return 2;
     const nl::RankPlan& mine = job->plan.ranks[a.child_rank];
-    std::cout << RunRank(a, job->topology, mine, job->plan.binds, a.child_rank).dump()
-              << std::endl;
+    std::cout << RunRank(a, job->topology, mine, job->plan.binds, a.child_rank).dump() << std::endl;
     return 0;
   }
-  for (const std::string& note : job->notes) std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
+  for (const std::string& note : job->notes)
+    std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
   nl::Result<RankProcesses> procs = SpawnRanks(a);
   if (!procs.ok()) return Fail(procs.status());
   const json all = Gather(a, *procs, ReadOutputs(procs->fds));

@@ -39,7 +39,7 @@ auto ParseList(std::string_view text, std::string_view what, char sep, Parse par
     Result<T> v = parse(item);
     if (!v.ok()) {
       return Status(v.status().code(), v.status().message() + " in " + std::string(what) + " '" +
-                                               std::string(text) + "'");
+                                           std::string(text) + "'");
     }
     out.push_back(*v);
   }
@@ -80,23 +80,22 @@ Result<double> ParseDouble(std::string_view text, std::string_view what, double 
     return Status::InvalidArgument(Quote(what, text) + " is not a finite number");
   }
   if (v < min || v > max) {
-    return Status::OutOfRange(Quote(what, text) + " is out of range (" + std::to_string(min) + ".." +
-                              std::to_string(max) + ")");
+    return Status::OutOfRange(Quote(what, text) + " is out of range (" + std::to_string(min) +
+                              ".." + std::to_string(max) + ")");
   }
   return v;
 }
 
-Result<std::vector<int64_t>> ParseIntList(std::string_view text, std::string_view what,
-                                          int64_t min, int64_t max, char sep) {
-  return ParseList<int64_t>(text, what, sep,
-                            [&](std::string_view item) { return ParseInt(item, "item", min, max); });
+Result<std::vector<int64_t>> ParseIntList(std::string_view text, std::string_view what, int64_t min,
+                                          int64_t max, char sep) {
+  return ParseList<int64_t>(
+      text, what, sep, [&](std::string_view item) { return ParseInt(item, "item", min, max); });
 }
 
 Result<std::vector<double>> ParseDoubleList(std::string_view text, std::string_view what,
                                             double min, double max, char sep) {
-  return ParseList<double>(text, what, sep, [&](std::string_view item) {
-    return ParseDouble(item, "item", min, max);
-  });
+  return ParseList<double>(
+      text, what, sep, [&](std::string_view item) { return ParseDouble(item, "item", min, max); });
 }
 
 }  // namespace nl

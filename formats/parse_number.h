@@ -29,8 +29,8 @@ Result<double> ParseDouble(std::string_view text, std::string_view what, double 
 // "0,2,3" -> {0,2,3}: items separated by `sep`, each checked as ParseInt
 // (errors name the item and quote the whole list). Empty text, or an empty
 // item, is an error.
-Result<std::vector<int64_t>> ParseIntList(std::string_view text, std::string_view what,
-                                          int64_t min, int64_t max, char sep = ',');
+Result<std::vector<int64_t>> ParseIntList(std::string_view text, std::string_view what, int64_t min,
+                                          int64_t max, char sep = ',');
 Result<std::vector<double>> ParseDoubleList(std::string_view text, std::string_view what,
                                             double min, double max, char sep = ',');
 

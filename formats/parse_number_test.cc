@@ -27,7 +27,8 @@ TEST(ParseNumber, TwentyDigitsIsOutOfRangeNotAnException) {
 }
 
 TEST(ParseNumber, NegativeIsRefusedForUnsignedInsteadOfWrapping) {
-  ExpectError(ParseUint("-1", "--index", 0, 100).status(), "--index: '-1' is out of range (0..100)");
+  ExpectError(ParseUint("-1", "--index", 0, 100).status(),
+              "--index: '-1' is out of range (0..100)");
   ExpectError(ParseInt("-1", "--threads", 1, 1024).status(), "'-1' is out of range (1..1024)");
 }
 

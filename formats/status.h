@@ -27,8 +27,8 @@ enum class StatusCode {
   kUnsupported,        // well-formed input we do not handle (e.g. BMP)
   kResourceExhausted,  // an input exceeds a configured limit
   kAlreadyExists,
-  kAborted,     // interrupted (signal, cancellation)
-  kOutOfRange,  // past the end (e.g. a loader run has no more batches)
+  kAborted,             // interrupted (signal, cancellation)
+  kOutOfRange,          // past the end (e.g. a loader run has no more batches)
   kFailedPrecondition,  // a call made in the wrong state (e.g. a second consumer)
   kInternal,
 };

@@ -33,7 +33,7 @@ class WorkerPool {
   static constexpr uint32_t kMaxThreads = 1024;
 
   struct Options {
-    uint32_t threads = 1;  // 1..kMaxThreads
+    uint32_t threads = 1;         // 1..kMaxThreads
     std::string name = "worker";  // in errors: "<name> 3: ..."
     // Called first on each worker thread with its index (binding, naming).
     std::function<void(int worker)> on_start;

@@ -42,9 +42,8 @@ TEST(WorkerPool, ABodysErrorIsReturnedNamingTheWorker) {
   o.name = "decode worker";
   std::atomic<int> heard{0};
   o.on_error = [&](const Status&) { ++heard; };
-  auto pool = WorkerPool::Start(o, [](int w) {
-    return w == 1 ? Status::Corruption("bad record 7") : Status::Ok();
-  });
+  auto pool = WorkerPool::Start(
+      o, [](int w) { return w == 1 ? Status::Corruption("bad record 7") : Status::Ok(); });
   ASSERT_TRUE(pool.ok());
   const Status s = (*pool)->Join();
   EXPECT_EQ(s.code(), StatusCode::kCorruption);

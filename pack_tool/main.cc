@@ -12,12 +12,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "formats/pack/cifar_source.h"
 #include "formats/file_util.h"
-#include "formats/parse_number.h"
 #include "formats/manifest.h"
+#include "formats/pack/cifar_source.h"
 #include "formats/pack/pack.h"
 #include "formats/pack/verify.h"
+#include "formats/parse_number.h"
 
 namespace {
 
@@ -65,8 +65,8 @@ nl::Result<uint64_t> ParseCount(const std::string& flag, const std::string& text
   if (v.status().code() == nl::StatusCode::kOutOfRange) {
     return nl::Status::InvalidArgument(flag + " " + text + " is out of range: give " + range);
   }
-  return nl::Status::InvalidArgument(flag + " '" + text + "' is not a whole number: give one from " +
-                                     range);
+  return nl::Status::InvalidArgument(flag + " '" + text +
+                                     "' is not a whole number: give one from " + range);
 }
 
 std::string HumanBytes(double b) {

@@ -27,9 +27,9 @@
 #include <functional>
 #include <string>
 
-#include "formats/pack/cifar_source.h"
 #include "formats/image.h"
 #include "formats/manifest.h"
+#include "formats/pack/cifar_source.h"
 #include "formats/pack/source.h"
 #include "formats/status.h"
 

@@ -14,9 +14,9 @@
 
 #include "formats/file_util.h"
 #include "formats/lmdb_env.h"
+#include "formats/pack/verify.h"
 #include "formats/shard.h"
 #include "tests/support/test_util.h"
-#include "formats/pack/verify.h"
 
 namespace nl {
 namespace {
@@ -280,9 +280,10 @@ TEST(PackSafety, ConcurrentSplitPacksIntoOneOutAllLand) {
     std::vector<std::jthread> packs;
     for (int i = 0; i < 4; ++i) {
       packs.emplace_back([&, i] {
-        results[i] = PackImageFolder(d / "src", d / "out", std::string("s").append(std::to_string(i)),
-                                     Opts(PackEncoding::kKeep, 1))
-                         .status();
+        results[i] =
+            PackImageFolder(d / "src", d / "out", std::string("s").append(std::to_string(i)),
+                            Opts(PackEncoding::kKeep, 1))
+                .status();
       });
     }
   }

@@ -11,13 +11,13 @@
 
 #include "formats/file_util.h"
 #include "formats/manifest.h"
-#include "formats/shard.h"
 #include "formats/parse_number.h"
-#include "loader/plan/binding.h"
+#include "formats/shard.h"
 #include "loader/cli/cli_options.h"
+#include "loader/pipeline/sample_path.h"
+#include "loader/plan/binding.h"
 #include "loader/plan/gpu_order.h"
 #include "loader/plan/job_plan.h"
-#include "loader/pipeline/sample_path.h"
 #include "loader/plan/topology.h"
 
 namespace {
@@ -144,8 +144,8 @@ int Preview(PreviewArgs a) {
   if (!reader.ok()) return Fail(reader.status());
   std::vector<uint64_t> indices;
   if (!a.indices.empty()) {
-    nl::Result<std::vector<int64_t>> l = nl::ParseIntList(
-        a.indices, "--indices", 0, static_cast<int64_t>((*reader)->size()) - 1);
+    nl::Result<std::vector<int64_t>> l =
+        nl::ParseIntList(a.indices, "--indices", 0, static_cast<int64_t>((*reader)->size()) - 1);
     if (!l.ok()) return Fail(l.status());
     if (l->size() > kMaxPreviewSamples) {
       return Fail(nl::Status::InvalidArgument("--indices lists " + std::to_string(l->size()) +
@@ -208,11 +208,12 @@ int Preview(PreviewArgs a) {
     st = nl::WriteFile(a.grid, png->data(), png->size());
     if (!st.ok()) return Fail(st);
   }
-  std::printf(
-      "wrote %zu sample%s (%s, %dx%d)%s%s%s%s\n", indices.size(), indices.size() == 1 ? "" : "s",
-      a.transform.train ? ("train transform, epoch " + std::to_string(a.epoch)).c_str() : "eval transform",
-      s, s, a.out.empty() ? "" : " to ", a.out.c_str(), a.grid.empty() ? "" : ", grid ",
-      a.grid.c_str());
+  std::printf("wrote %zu sample%s (%s, %dx%d)%s%s%s%s\n", indices.size(),
+              indices.size() == 1 ? "" : "s",
+              a.transform.train ? ("train transform, epoch " + std::to_string(a.epoch)).c_str()
+                                : "eval transform",
+              s, s, a.out.empty() ? "" : " to ", a.out.c_str(), a.grid.empty() ? "" : ", grid ",
+              a.grid.c_str());
   return 0;
 }
 

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -41,8 +41,8 @@ Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t 
     void* p = std::aligned_alloc(align, size);
     if (!p) {
       return Status::ResourceExhausted(
-          "cannot allocate batch buffer " + std::to_string(i + 1) + " of " +
-          std::to_string(count) + " (" + std::to_string(size) +
+          "cannot allocate batch buffer " + std::to_string(i + 1) + " of " + std::to_string(count) +
+          " (" + std::to_string(size) +
           " bytes each; lower --prefetch, --batch-size or --image-size)");
     }
     if (align == kHuge) (void)madvise(p, size, MADV_HUGEPAGE);
@@ -135,8 +135,8 @@ struct Pipeline::Impl {
   }
 
   // One sample into its slot; the time of each step goes to this worker's stats.
-  Status LoadSample(SamplePath& path, WorkerStats& ws, uint64_t epoch, uint64_t index,
-                    uint8_t* dst, int64_t* label) {
+  Status LoadSample(SamplePath& path, WorkerStats& ws, uint64_t epoch, uint64_t index, uint8_t* dst,
+                    int64_t* label) {
     SampleTimes t;
     NL_RETURN_IF_ERROR(path.Load(epoch, index, dst, label, &t));
     ws.read_ns.fetch_add(t.read_ns, std::memory_order_relaxed);

@@ -141,7 +141,7 @@ struct PipelineStats {
   double read_s = 0, decode_s = 0, transform_s = 0;  // summed over workers
   double wait_s = 0;                                 // consumer time blocked in Next()
   double elapsed_s = 0;
-  double mean_ready = 0;  // batches ready when Next() was called
+  double mean_ready = 0;          // batches ready when Next() was called
   bool consumer_waiting = false;  // a Next() call is waiting for its batch now
   double images_per_s() const { return elapsed_s > 0 ? images / elapsed_s : 0; }
 };

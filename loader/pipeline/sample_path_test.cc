@@ -27,8 +27,8 @@ std::vector<uint8_t> PngRecord(uint32_t img_side, uint32_t header_w, uint32_t he
 
 // Sample 0 tells the truth; 1 claims to be larger than its PNG, 2 smaller.
 std::string LyingSet(const testing::ScratchDir& d) {
-  testing::WriteShardSetForTest(d / "set", {PngRecord(8, 8, 8, 1), PngRecord(8, 64, 64, 2),
-                                            PngRecord(8, 4, 8, 3)});
+  testing::WriteShardSetForTest(
+      d / "set", {PngRecord(8, 8, 8, 1), PngRecord(8, 64, 64, 2), PngRecord(8, 4, 8, 3)});
   return d / "set";
 }
 
@@ -89,8 +89,8 @@ TEST(SamplePath, LoaderPreviewRefusesALyingRecordInsteadOfReadingPastIt) {
       env ? env : std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
   testing::ScratchDir d;
   const std::string set = LyingSet(d);
-  const std::string cmd = bin + "/loader preview --data " + set +
-                          " --indices 1 --out " + (d / "pv") + " 2>&1";
+  const std::string cmd =
+      bin + "/loader preview --data " + set + " --indices 1 --out " + (d / "pv") + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;

@@ -30,17 +30,14 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node) {
   const bool live = topo.is_this_system() && h;
   const hwloc_topology_support* sup = h ? hwloc_topology_get_support(h) : nullptr;
   if (!cpus.empty()) {
-    const bool can =
-        live && sup &&
-        sup->cpubind->set_thisthread_cpubind;
+    const bool can = live && sup && sup->cpubind->set_thisthread_cpubind;
     if (!can) {
       r.cpu = BindState::kNotSupported;
       r.cpu_detail =
           live ? "hwloc cannot bind cpus on this system" : "topology is not this machine";
     } else {
       HwlocBitmap set = ToBitmap(cpus);
-      const int flags =
-          HWLOC_CPUBIND_THREAD | HWLOC_CPUBIND_STRICT;
+      const int flags = HWLOC_CPUBIND_THREAD | HWLOC_CPUBIND_STRICT;
       if (hwloc_set_cpubind(h, set.get(), flags) == 0) {
         r.cpu = BindState::kApplied;
       } else {
@@ -51,9 +48,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node) {
   }
   if (mem_node >= 0) {
     const bool can =
-        live && sup &&
-        sup->membind->set_thisthread_membind &&
-        sup->membind->bind_membind;
+        live && sup && sup->membind->set_thisthread_membind && sup->membind->bind_membind;
     if (!can) {
       r.mem = BindState::kNotSupported;
       r.mem_detail =
@@ -61,8 +56,7 @@ BindReport Bind(const Topology& topo, const CpuList& cpus, int mem_node) {
     } else {
       HwlocBitmap nodes(hwloc_bitmap_alloc());
       hwloc_bitmap_only(nodes.get(), static_cast<unsigned>(mem_node));
-      const int flags =
-          HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET;
+      const int flags = HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET;
       if (hwloc_set_membind(h, nodes.get(), HWLOC_MEMBIND_BIND, flags) == 0) {
         r.mem = BindState::kApplied;
       } else {

@@ -60,8 +60,8 @@ Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const G
     // number too long for any integer is just another out-of-range index.
     bool numeric = !tok.empty();
     for (char c : tok) numeric = numeric && std::isdigit(static_cast<unsigned char>(c));
-    Result<uint64_t> idx = numeric ? ParseUint(tok, "index", 0, pci.size())
-                                   : Status::InvalidArgument("not an index");
+    Result<uint64_t> idx =
+        numeric ? ParseUint(tok, "index", 0, pci.size()) : Status::InvalidArgument("not an index");
     if (!idx.ok() || *idx >= pci.size() || used[*idx]) {
       if (note) {
         *note = "CUDA_VISIBLE_DEVICES='" + list + "': entry '" + tok + "' is " +

@@ -149,7 +149,8 @@ Manifest WriteShardSetForTest(const std::string& root,
   m.source_kind = "imagefolder";
   m.source_path = root;
   m.label_kind = "class_dirs";
-  for (uint32_t c = 0; c < spec.num_classes; ++c) m.classes.push_back(std::string("c").append(std::to_string(c)));
+  for (uint32_t c = 0; c < spec.num_classes; ++c)
+    m.classes.push_back(std::string("c").append(std::to_string(c)));
   SplitInfo s;
   s.encoding = spec.encoding;
   s.num_samples = records.size();
