@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 namespace nl {
 namespace {
@@ -76,13 +77,15 @@ Result<double> ParseDouble(std::string_view text, std::string_view what, double 
   double v = 0;
   const char* end = text.data() + text.size();
   auto [p, ec] = std::from_chars(text.data(), end, v);
+  char range[64];
+  std::snprintf(range, sizeof range, " is out of range (%g..%g)", min, max);
+  if (ec == std::errc::result_out_of_range && p == end) {  // beyond double's range (1e400, 1e-400)
+    return Status::OutOfRange(Quote(what, text) + range);
+  }
   if (ec != std::errc() || p != end || text.empty() || !std::isfinite(v)) {
     return Status::InvalidArgument(Quote(what, text) + " is not a finite number");
   }
-  if (v < min || v > max) {
-    return Status::OutOfRange(Quote(what, text) + " is out of range (" + std::to_string(min) +
-                              ".." + std::to_string(max) + ")");
-  }
+  if (v < min || v > max) return Status::OutOfRange(Quote(what, text) + range);
   return v;
 }
 

@@ -42,7 +42,8 @@ TEST(ParseNumber, Doubles) {
   EXPECT_DOUBLE_EQ(*ParseDouble("0.485", "--mean", 0, 1), 0.485);
   ExpectError(ParseDouble("nan", "--std", 0, 10).status(), "--std: 'nan' is not a finite number");
   ExpectError(ParseDouble("inf", "--std", 0, 10).status(), "not a finite number");
-  ExpectError(ParseDouble("1e400", "--std", 0, 10).status(), "not a finite number");
+  ExpectError(ParseDouble("1e400", "--std", 0, 10).status(), "'1e400' is out of range (0..10)");
+  ExpectError(ParseDouble("1e-400", "--std", 0.5, 10).status(), "out of range (0.5..10)");
   ExpectError(ParseDouble("11", "--std", 0, 10).status(), "out of range");
 }
 

@@ -63,6 +63,7 @@ void WorkerPool::Record(const Status& st) {
 }
 
 Status WorkerPool::Join() {
+  std::lock_guard joining(join_mu_);  // two threads may call Join(): one joins, both wait
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }

@@ -52,7 +52,8 @@ class WorkerPool {
   static Result<std::unique_ptr<WorkerPool>> Start(const Options& options, Body body);
 
   // Waits for every worker; returns the first error any of them had (in the
-  // order they happened). Idempotent.
+  // order they happened). Idempotent, and safe to call from several threads
+  // at once (not from a worker of this pool).
   Status Join();
   ~WorkerPool();  // joins
 
@@ -67,6 +68,7 @@ class WorkerPool {
   Options options_;
   Body body_;
   std::vector<std::thread> threads_;
+  std::mutex join_mu_;  // serialises Join()
   std::mutex mu_;
   Status first_error_;  // guarded by mu_
 };

@@ -113,3 +113,25 @@ TEST(WorkerPool, AbsurdThreadCountsAreRefusedBeforeStartingAny) {
 
 }  // namespace
 }  // namespace nl
+
+namespace nl {
+namespace {
+
+TEST(WorkerPool, JoinFromTwoThreadsAtOnceReturnsInBoth) {
+  WorkerPool::Options o;
+  o.threads = 2;
+  auto pool = WorkerPool::Start(o, [](int w) {
+    return w == 1 ? Status::Aborted("worker stopped") : Status::Ok();
+  });
+  ASSERT_TRUE(pool.ok());
+  Status a, b;
+  std::thread t1([&] { a = (*pool)->Join(); });
+  std::thread t2([&] { b = (*pool)->Join(); });
+  t1.join();
+  t2.join();
+  EXPECT_EQ(a.code(), StatusCode::kAborted);
+  EXPECT_EQ(b.code(), StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace nl

@@ -1,5 +1,7 @@
 #include "loader/cli/cli_options.h"
 
+#include <cmath>
+
 #include "formats/parse_number.h"
 
 namespace nl {
@@ -50,10 +52,16 @@ Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
     return Status::InvalidArgument("--image-size must be 1..8192");
   if (c->pad_crop < 0 || c->pad_crop > 1024)
     return Status::InvalidArgument("--pad-crop must be 0..1024");
+  if (!c->normalize && (!f.mean.empty() || !f.std.empty())) {
+    return Status::InvalidArgument("--mean and --std apply to --normalize: add it");
+  }
   NL_RETURN_IF_ERROR(ParseTriple(f.mean, "--mean", &c->mean));
   NL_RETURN_IF_ERROR(ParseTriple(f.std, "--std", &c->std));
-  for (float s : c->std)
-    if (s == 0) return Status::InvalidArgument("--std values must not be 0");
+  for (float s : c->std) {
+    if (!(std::fabs(s) >= 1e-6f)) {
+      return Status::InvalidArgument("--std values must be at least 1e-6 in magnitude");
+    }
+  }
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "formats/file_util.h"
@@ -131,90 +132,137 @@ struct PreviewArgs {
   nl::TransformFlags flags;
 };
 
-// Writes each sample exactly as the model sees it (before normalisation).
-int Preview(PreviewArgs a) {
-  nl::Status st = nl::FinishTransformOptions(a.flags, &a.transform);
-  if (!st.ok()) return Fail(st);
-  a.transform.seed = a.seed;
-  a.transform.layout = nl::Layout::kNHWC;
-  a.transform.normalize = false;
-  nl::Result<nl::Manifest> m = nl::LoadManifest(a.data);
-  if (!m.ok()) return Fail(m.status());
-  nl::Result<std::unique_ptr<nl::SplitReader>> reader = nl::SplitReader::Open(a.data, *m, a.split);
-  if (!reader.ok()) return Fail(reader.status());
+// The samples a preview shows: --indices, or batch --batch of epoch --epoch.
+nl::Result<std::vector<uint64_t>> PreviewIndices(const PreviewArgs& a, uint64_t split_size) {
   std::vector<uint64_t> indices;
   if (!a.indices.empty()) {
-    nl::Result<std::vector<int64_t>> l =
-        nl::ParseIntList(a.indices, "--indices", 0, static_cast<int64_t>((*reader)->size()) - 1);
-    if (!l.ok()) return Fail(l.status());
-    if (l->size() > kMaxPreviewSamples) {
-      return Fail(nl::Status::InvalidArgument("--indices lists " + std::to_string(l->size()) +
-                                              " samples; preview writes at most " +
-                                              std::to_string(kMaxPreviewSamples)));
+    NL_ASSIGN_OR_RETURN(std::vector<int64_t> l,
+                        nl::ParseIntList(a.indices, "--indices", 0,
+                                         static_cast<int64_t>(split_size) - 1));
+    if (l.size() > kMaxPreviewSamples) {
+      return nl::Status::InvalidArgument("--indices lists " + std::to_string(l.size()) +
+                                         " samples; preview writes at most " +
+                                         std::to_string(kMaxPreviewSamples));
     }
-    indices.assign(l->begin(), l->end());
-  } else {
-    if (a.grid.empty())
-      return Fail(nl::Status::InvalidArgument("give --indices, or --grid for a whole batch"));
-    nl::SamplerConfig sc;
-    sc.dataset_size = (*reader)->size();
-    sc.seed = a.seed;
-    sc.batch_size = a.batch_size;
-    nl::Result<nl::DistributedSampler> s = nl::DistributedSampler::Create(sc);
-    if (!s.ok()) return Fail(s.status());
-    if (a.batch >= s->batches_per_epoch())
-      return Fail(nl::Status::InvalidArgument("--batch is past the epoch"));
-    const std::vector<uint64_t> list = s->EpochIndices(a.epoch);
-    for (uint32_t j = 0; j < s->BatchLength(a.batch); ++j)
-      indices.push_back(list[a.batch * a.batch_size + j]);
+    indices.assign(l.begin(), l.end());
+    return indices;
   }
-  if (!a.out.empty()) {
-    st = nl::MakeDirs(a.out);
-    if (!st.ok()) return Fail(st);
+  if (a.grid.empty()) {
+    return nl::Status::InvalidArgument("give --indices, or --grid for a whole batch");
   }
-  nl::SamplePath sample_path(**reader, a.transform, nl::DecodeLimits{});
+  nl::SamplerConfig sc;
+  sc.dataset_size = split_size;
+  sc.seed = a.seed;
+  sc.batch_size = a.batch_size;
+  NL_ASSIGN_OR_RETURN(nl::DistributedSampler sampler, nl::DistributedSampler::Create(sc));
+  if (a.batch >= sampler.batches_per_epoch()) {
+    return nl::Status::InvalidArgument("--batch " + std::to_string(a.batch) + " is past the " +
+                                       std::to_string(sampler.batches_per_epoch()) +
+                                       " batches of an epoch");
+  }
+  const std::vector<uint64_t> list = sampler.EpochIndices(a.epoch);
+  for (uint32_t j = 0; j < sampler.BatchLength(a.batch); ++j) {
+    indices.push_back(list[a.batch * a.batch_size + j]);
+  }
+  return indices;
+}
+
+// A contact sheet: the samples side by side, with a white gap.
+class ContactSheet {
+ public:
+  static constexpr uint64_t kMaxBytes = uint64_t{256} << 20;
+  static constexpr int kGap = 2;
+
+  static nl::Result<ContactSheet> Make(size_t samples, int side) {
+    ContactSheet g;
+    g.side_ = side;
+    g.cols_ = static_cast<int>(std::ceil(std::sqrt(static_cast<double>(samples))));
+    const int rows = (static_cast<int>(samples) + g.cols_ - 1) / g.cols_;
+    const uint64_t w = uint64_t(g.cols_) * (side + kGap) + kGap;
+    const uint64_t h = uint64_t(rows) * (side + kGap) + kGap;
+    if (w * h * 3 > kMaxBytes) {
+      return nl::Status::InvalidArgument(
+          "a grid of " + std::to_string(samples) + " samples at " + std::to_string(side) + "x" +
+          std::to_string(side) + " would be " + std::to_string(w) + "x" + std::to_string(h) +
+          " pixels, over the " + std::to_string(kMaxBytes >> 20) +
+          " MiB a preview writes: fewer samples or a smaller --image-size");
+    }
+    g.image_.width = static_cast<uint32_t>(w);
+    g.image_.height = static_cast<uint32_t>(h);
+    g.image_.pixels.assign(w * h * 3, 255);
+    return g;
+  }
+  // Sample k (side x side, RGB) into its cell.
+  void Place(size_t k, const uint8_t* rgb) {
+    const size_t gx = kGap + (k % cols_) * (side_ + kGap), gy = kGap + (k / cols_) * (side_ + kGap);
+    for (int y = 0; y < side_; ++y) {
+      std::memcpy(&image_.pixels[((gy + y) * image_.width + gx) * 3], rgb + size_t(y) * side_ * 3,
+                  size_t(side_) * 3);
+    }
+  }
+  const nl::Image& image() const { return image_; }
+
+ private:
+  int side_ = 0, cols_ = 1;
+  nl::Image image_;
+};
+
+nl::Status WritePng(const nl::Image& img, const std::string& path) {
+  NL_ASSIGN_OR_RETURN(std::vector<uint8_t> png, nl::EncodePng(img, 3));
+  return nl::WriteFile(path, png.data(), png.size());
+}
+
+// Preview writes the uint8 pixels the model sees, as PNG: the output-format
+// flags of the loader do not apply to it, and are refused rather than ignored.
+nl::Status CheckPreviewFlags(const PreviewArgs& a) {
+  if (a.out.empty() && a.grid.empty()) {
+    return nl::Status::InvalidArgument("give --out DIR and/or --grid FILE.png");
+  }
+  if (a.transform.normalize || !a.flags.mean.empty() || !a.flags.std.empty() ||
+      a.flags.layout != "nchw") {
+    return nl::Status::InvalidArgument(
+        "preview writes the uint8 pixels as PNG: --normalize, --mean, --std and --layout do "
+        "not apply to it");
+  }
+  return nl::Status::Ok();
+}
+
+// Writes each sample exactly as the model sees it (before normalisation).
+nl::Status Preview(PreviewArgs a) {
+  NL_RETURN_IF_ERROR(CheckPreviewFlags(a));
+  NL_RETURN_IF_ERROR(nl::FinishTransformOptions(a.flags, &a.transform));
+  a.transform.seed = a.seed;
+  a.transform.layout = nl::Layout::kNHWC;
+  NL_ASSIGN_OR_RETURN(nl::Manifest m, nl::LoadManifest(a.data));
+  NL_ASSIGN_OR_RETURN(std::unique_ptr<nl::SplitReader> reader,
+                      nl::SplitReader::Open(a.data, m, a.split));
+  NL_ASSIGN_OR_RETURN(std::vector<uint64_t> indices, PreviewIndices(a, reader->size()));
   const int s = a.transform.image_size;
+  std::optional<ContactSheet> grid;
+  if (!a.grid.empty()) {
+    NL_ASSIGN_OR_RETURN(grid, ContactSheet::Make(indices.size(), s));
+  }
+  if (!a.out.empty()) NL_RETURN_IF_ERROR(nl::MakeDirs(a.out));
+  nl::SamplePath sample_path(*reader, a.transform, nl::DecodeLimits{});
   nl::Image sample;
   sample.width = sample.height = static_cast<uint32_t>(s);
   sample.pixels.resize(sample_path.sample_bytes());
-  const int cols = static_cast<int>(std::ceil(std::sqrt(static_cast<double>(indices.size()))));
-  const int rows = (static_cast<int>(indices.size()) + cols - 1) / cols, gap = 2;
-  nl::Image grid;
-  grid.width = static_cast<uint32_t>(cols * (s + gap) + gap);
-  grid.height = static_cast<uint32_t>(rows * (s + gap) + gap);
-  grid.pixels.assign(size_t{grid.width} * grid.height * 3, 255);
   for (size_t k = 0; k < indices.size(); ++k) {
-    const uint64_t i = indices[k];
     int64_t label = 0;
-    st = sample_path.Load(a.epoch, i, sample.pixels.data(), &label);
-    if (!st.ok()) return Fail(st);
+    NL_RETURN_IF_ERROR(sample_path.Load(a.epoch, indices[k], sample.pixels.data(), &label));
     if (!a.out.empty()) {
-      nl::Result<std::vector<uint8_t>> png = nl::EncodePng(sample, 3);
-      if (!png.ok()) return Fail(png.status());
-      const std::string path = a.out + "/" + std::to_string(i) + ".png";
-      st = nl::WriteFile(path, png->data(), png->size());
-      if (!st.ok()) return Fail(st);
+      NL_RETURN_IF_ERROR(WritePng(sample, a.out + "/" + std::to_string(indices[k]) + ".png"));
     }
-    const int gx = gap + static_cast<int>(k % cols) * (s + gap),
-              gy = gap + static_cast<int>(k / cols) * (s + gap);
-    for (int y = 0; y < s; ++y) {
-      std::memcpy(&grid.pixels[((size_t(gy) + y) * grid.width + gx) * 3],
-                  &sample.pixels[size_t(y) * s * 3], size_t(s) * 3);
-    }
+    if (grid) grid->Place(k, sample.pixels.data());
   }
-  if (!a.grid.empty()) {
-    nl::Result<std::vector<uint8_t>> png = nl::EncodePng(grid, 3);
-    if (!png.ok()) return Fail(png.status());
-    st = nl::WriteFile(a.grid, png->data(), png->size());
-    if (!st.ok()) return Fail(st);
-  }
+  if (grid) NL_RETURN_IF_ERROR(WritePng(grid->image(), a.grid));
   std::printf("wrote %zu sample%s (%s, %dx%d)%s%s%s%s\n", indices.size(),
               indices.size() == 1 ? "" : "s",
               a.transform.train ? ("train transform, epoch " + std::to_string(a.epoch)).c_str()
                                 : "eval transform",
               s, s, a.out.empty() ? "" : " to ", a.out.c_str(), a.grid.empty() ? "" : ", grid ",
               a.grid.c_str());
-  return 0;
+  return nl::Status::Ok();
 }
 
 }  // namespace
@@ -267,9 +315,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (topo->parsed()) return Topo(t);
   if (preview->parsed()) {
-    if (pv.out.empty() && pv.grid.empty())
-      return Fail(nl::Status::InvalidArgument("give --out DIR and/or --grid FILE.png"));
-    return Preview(pv);
+    const nl::Status st = Preview(pv);
+    return st.ok() ? 0 : Fail(st);
   }
   return 2;
 }

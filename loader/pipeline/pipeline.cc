@@ -23,6 +23,10 @@ size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 // Epoch index lists kept: batches in flight span at most the current epoch,
 // the one before (slow workers) and the next (prefetch across the boundary).
 constexpr size_t kCachedEpochs = 3;
+// With --on-bad-record skip, a bad sample is replaced by the next one of the
+// rank's list; this many bad replacements in a row mean a broken split, and
+// the run stops instead of decoding the whole list first.
+constexpr uint64_t kMaxReplacements = 64;
 }  // namespace
 
 Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t batch_size,
@@ -196,8 +200,9 @@ struct Pipeline::Impl {
       const BatchBuffer buf = buffers->buffer(g % depth);
       uint8_t* dst = buf.pixels + j * sample_bytes;
       const uint64_t n = list->size();
+      const uint64_t attempts = std::min<uint64_t>(n, kMaxReplacements + 1);
       Status err;
-      for (uint64_t attempt = 0; attempt < n; ++attempt) {
+      for (uint64_t attempt = 0; attempt < attempts; ++attempt) {
         const uint64_t index = (*list)[(b * bsz + j + attempt) % n];
         int64_t label = 0;
         Status st = LoadSample(path, ws, epoch, index, dst, &label);
@@ -217,8 +222,9 @@ struct Pipeline::Impl {
         if (j < slot.error_at) {
           slot.error_at = j;
           slot.error = c.on_bad_record == OnBadRecord::kSkip
-                           ? err.WithContext("every sample of rank " + std::to_string(c.rank) +
-                                             "'s list failed")
+                           ? err.WithContext(std::to_string(attempts) +
+                                             " samples in a row of rank " + std::to_string(c.rank) +
+                                             "'s list failed (the last one)")
                            : err;
         }
       }
@@ -306,10 +312,16 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
                                    " is past the " + std::to_string(m.bpe) +
                                    " batches of an epoch");
   }
+  if (config.epochs > UINT64_MAX / m.bpe) {
+    return Status::InvalidArgument(std::to_string(config.epochs) + " epochs of " +
+                                   std::to_string(m.bpe) + " batches overflow the batch count");
+  }
   m.total = config.epochs ? config.epochs * m.bpe - config.start_batch : 0;
   m.sample_bytes = SampleTransform(m.c.transform).SampleBytes();
   m.depth = config.prefetch;
-  NL_RETURN_IF_ERROR(CheckBufferMemory(m.depth, config.batch_size, m.sample_bytes));
+  if (!config.buffers) {
+    NL_RETURN_IF_ERROR(CheckBufferMemory(m.depth, config.batch_size, m.sample_bytes));
+  }
   if (config.buffers) {
     if (config.buffers->count() < m.depth) {
       return Status::InvalidArgument("the buffer source has " +
@@ -351,11 +363,16 @@ Result<BatchView> Pipeline::Next() {
   if (m.total && m.next_deliver >= m.total) {
     // Every batch is out: the workers have nothing left to do. Join them, so
     // that a worker that failed late (e.g. its start hook threw after the
-    // others had done all the work) is reported rather than lost.
+    // others had done all the work) is reported rather than lost. in_next
+    // keeps a second consumer out meanwhile.
+    m.in_next = true;
     m.stop = true;
     lock.unlock();
     m.work_cv.notify_all();
-    if (Status st = m.pool->Join(); !st.ok()) return st;
+    const Status workers = m.pool->Join();
+    lock.lock();
+    m.in_next = false;
+    if (!workers.ok()) return workers;
     return Status::OutOfRange("end of the run (" + std::to_string(m.total) + " batches)");
   }
   if (m.held >= m.depth) {
@@ -365,7 +382,14 @@ Result<BatchView> Pipeline::Next() {
   }
   const uint64_t g = m.next_deliver;
   Impl::Slot& slot = m.slots[g % m.depth];
-  for (uint32_t i = 0; i < m.depth; ++i) m.ready_sum += m.slots[i].ready ? 1 : 0;
+  if (slot.delivered) {  // batch g - prefetch still holds the buffer batch g goes into
+    return Status::FailedPrecondition(
+        "batch " + std::to_string(g) + " goes into the buffer of batch " +
+        std::to_string(g - m.depth) + ", which the consumer still holds: Release() it first");
+  }
+  for (uint32_t i = 0; i < m.depth; ++i) {  // filled and waiting (not held by the consumer)
+    m.ready_sum += m.slots[i].ready && !m.slots[i].delivered ? 1 : 0;
+  }
   const auto t0 = Clock::now();
   m.in_next = true;
   m.ready_cv.wait(lock, [&] {

@@ -31,7 +31,10 @@
 // - A BatchView's pointers are valid until that batch is released; after
 //   Release() the workers may overwrite them at once. Releasing a batch that
 //   is not out (twice, never delivered, a stale view) is an InvalidArgument
-//   error and changes nothing. Batches may be released in any order.
+//   error and changes nothing. Batches may be released in any order, but
+//   batch g is delivered only after batch g - prefetch was released (it
+//   reuses that buffer): Next() then returns FailedPrecondition naming the
+//   batch to release, rather than waiting for its own caller.
 // - Buffers come from a BufferSource: heap memory by default (first touched
 //   by the bound workers, so its pages land on their NUMA node: each
 //   worker's start hook runs before it writes any buffer page), or the

@@ -507,3 +507,86 @@ TEST(PipelineContract, AbsurdCountsAreRefusedBeforeAllocating) {
 
 }  // namespace
 }  // namespace nl
+
+namespace nl {
+namespace {
+
+TEST(PipelineContract, ReleasingOutOfOrderThenNextSaysWhichBatchToReleaseInsteadOfHanging) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 100);
+  PipelineConfig c = Config(dir, 2);
+  c.prefetch = 2;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  Result<BatchView> b0 = (*p)->Next(), b1 = (*p)->Next();
+  ASSERT_TRUE(b0.ok() && b1.ok());
+  ASSERT_TRUE((*p)->Release(*b1).ok());  // out of order: allowed
+  Status s = (*p)->Next().status();      // batch 2 needs batch 0's buffer
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("batch 2 goes into the buffer of batch 0, which the consumer still "
+                             "holds: Release() it first"),
+            std::string::npos)
+      << s.ToString();
+  ASSERT_TRUE((*p)->Release(*b0).ok());
+  Result<BatchView> b2 = (*p)->Next();
+  ASSERT_TRUE(b2.ok()) << b2.status().ToString();
+  EXPECT_EQ(b2->sequence, 2u);
+}
+
+TEST(PipelineContract, TwoNextCallsAtTheEndOfTheRunBothReturn) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 40);
+  PipelineConfig c = Config(dir, 2);
+  c.epochs = 1;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  (void)Drain(**p);
+  Status s1, s2;
+  std::thread t1([&] { s1 = (*p)->Next().status(); });
+  std::thread t2([&] { s2 = (*p)->Next().status(); });
+  t1.join();  // (they used to join the worker pool twice: one hung for ever)
+  t2.join();
+  for (const Status& s : {s1, s2}) {
+    EXPECT_TRUE(s.code() == StatusCode::kOutOfRange ||
+                s.code() == StatusCode::kFailedPrecondition)
+        << s.ToString();
+  }
+}
+
+TEST(PipelineContract, SkipModeStopsAfterARunOfBadSamplesInsteadOfDecodingTheWholeList) {
+  testing::ScratchDir d;
+  std::vector<std::vector<uint8_t>> records;
+  for (uint32_t i = 0; i < 2000; ++i) {  // every record lies about its size
+    RecordHeader h;
+    h.encoding = Encoding::kPng;
+    h.width = h.height = 64;
+    records.push_back(testing::CraftRecord(h, *EncodePng(testing::PatternImage(8, 8, i))));
+  }
+  testing::WriteShardSetForTest(d / "bad", records);
+  PipelineConfig c = Config(d / "bad", 2);
+  c.on_bad_record = OnBadRecord::kSkip;
+  c.transform.train = false;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  Status s = (*p)->Next().status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("65 samples in a row of rank 0's list failed"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("image decodes to 8x8 but the header says 64x64"), std::string::npos);
+  // At most 65 attempts for each sample of the batches in flight (3 x 16),
+  // where the whole list (2000) was tried for each before.
+  EXPECT_LE((*p)->Stats().skipped, uint64_t{3 * 16} * 65) << "bounded work";
+}
+
+TEST(PipelineContract, EpochCountsThatOverflowAreRefused) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 40);
+  PipelineConfig c = Config(dir, 1);
+  c.epochs = uint64_t{1} << 63;
+  Status s = Pipeline::Open(c).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overflow the batch count"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace nl
