@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -147,8 +148,8 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   r["cpu_us_per_image"] = images ? cpu / images * 1e6 : 0;
   r["cores_used"] = secs > 0 ? cpu / secs : 0;
   r["threads"] = c.threads;
-  r["loader_cpus"] = nl::FormatCpuList(plan.loader_cpus);
-  r["numa_node"] = plan.numa_node;
+  r["loader_cpus"] = binds ? nl::FormatCpuList(plan.loader_cpus) : std::string();
+  r["numa_node"] = binds ? plan.numa_node : -1;
   r["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
   r["skipped"] = st.skipped;
   r["stage_s"] = {{"read", st.read_s}, {"decode", st.decode_s}, {"transform", st.transform_s}};
@@ -246,6 +247,11 @@ std::vector<std::string> ReadOutputs(const std::vector<int>& fds) {
   return outs;
 }
 
+json MalformedRow(int rank, const char* field) {
+  return {{"rank", rank},
+          {"error", std::string("rank process printed a result without a valid '") + field + "'"}};
+}
+
 // Waits for each rank process and turns its output into its row.
 json RankResult(int rank, pid_t pid, const std::string& out) {
   int status = 0;
@@ -260,22 +266,72 @@ json RankResult(int rank, pid_t pid, const std::string& out) {
   if (j.is_discarded() || !j.is_object()) {
     return {{"rank", rank}, {"error", "rank process printed no JSON result"}};
   }
+  if (!j.contains("error")) {  // a row the table and the totals can read, or an error row
+    for (const char* k : {"numa_node", "threads"}) {
+      if (!j.contains(k) || !j[k].is_number_integer()) return MalformedRow(rank, k);
+    }
+    if (!j.contains("loader_cpus") || !j["loader_cpus"].is_string())
+      return MalformedRow(rank, "loader_cpus");
+    for (const char* k : {"images_per_s", "mb_per_s", "wait_ms_mean", "wait_ms_p95",
+                          "cpu_us_per_image", "cores_used", "rss_anon_mib", "seconds"}) {
+      if (!j.contains(k) || !j[k].is_number()) return MalformedRow(rank, k);
+    }
+  } else if (!j["error"].is_string()) {
+    return MalformedRow(rank, "error");
+  }
+  j["rank"] = rank;
   return j;
 }
 
+// --record-indices FILE: JSON lines; every write and the close are checked.
+class IndexFile {
+ public:
+  static nl::Result<std::unique_ptr<IndexFile>> Open(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
+    return std::unique_ptr<IndexFile>(new IndexFile(path, f));
+  }
+  ~IndexFile() {
+    if (f_) std::fclose(f_);
+  }
+  IndexFile(const IndexFile&) = delete;
+  IndexFile& operator=(const IndexFile&) = delete;
+  void WriteLine(const std::string& line) {
+    if (errno_ != 0) return;
+    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fputc('\n', f_) == EOF)
+      errno_ = errno ? errno : EIO;
+  }
+  nl::Status Close() {
+    if (std::fflush(f_) != 0 && errno_ == 0) errno_ = errno ? errno : EIO;
+    if (std::fclose(f_) != 0 && errno_ == 0) errno_ = errno ? errno : EIO;
+    f_ = nullptr;
+    if (errno_ != 0)
+      return nl::Status::FromErrno("--record-indices: cannot write " + path_, errno_);
+    return nl::Status::Ok();
+  }
+
+ private:
+  IndexFile(std::string path, FILE* f) : path_(std::move(path)), f_(f) {}
+  std::string path_;
+  FILE* f_;
+  int errno_ = 0;
+};
+
 // Rates from runs this short say more about start-up than about loading.
 constexpr double kShortRunS = 0.5;
+// The longest --step-ms (about 17 minutes per batch).
+constexpr double kMaxStepMs = 1e6;
 
-json Gather(const Args& a, const RankProcesses& procs, const std::vector<std::string>& outs) {
+json Gather(const Args& a, const RankProcesses& procs, const std::vector<std::string>& outs,
+            IndexFile* rec) {
   json all;
   all["ranks"] = json::array();
   double total = 0, shortest = 1e300;
-  std::ofstream rec;
-  if (!a.record_indices.empty()) rec.open(a.record_indices);
   for (int r = 0; r < a.ranks; ++r) {
     json j = RankResult(r, procs.pids[r], outs[r]);
     if (j.contains("epoch_indices")) {
-      for (const auto& e : j["epoch_indices"]) rec << e.dump() << "\n";
+      if (rec && j["epoch_indices"].is_array())
+        for (const auto& e : j["epoch_indices"]) rec->WriteLine(e.dump());
       j.erase("epoch_indices");
     }
     if (!j.contains("error")) {
@@ -297,16 +353,15 @@ void PrintTable(const Args& a, const json& all) {
               "thr", "images/s", "MB/s", "wait ms", "wait p95", "cpu us/img", "cores", "anon MiB");
   for (const auto& j : all["ranks"]) {
     if (j.contains("error")) {
-      std::printf("%-4d error: %s\n", j["rank"].get<int>(), j["error"].get<std::string>().c_str());
+      std::printf("%-4d error: %s\n", j.value("rank", -1), j.value("error", std::string()).c_str());
       continue;
     }
-    std::printf("%-4d %-6d %-14s %-4d %10.0f %9.1f %9.3f %9.3f %10.1f %6.2f %9.1f\n",
-                j["rank"].get<int>(), j["numa_node"].get<int>(),
-                j["loader_cpus"].get<std::string>().c_str(), j["threads"].get<int>(),
-                j["images_per_s"].get<double>(), j["mb_per_s"].get<double>(),
-                j["wait_ms_mean"].get<double>(), j["wait_ms_p95"].get<double>(),
-                j["cpu_us_per_image"].get<double>(), j["cores_used"].get<double>(),
-                j["rss_anon_mib"].get<double>());
+    std::printf(
+        "%-4d %-6d %-14s %-4d %10.0f %9.1f %9.3f %9.3f %10.1f %6.2f %9.1f\n", j.value("rank", -1),
+        j.value("numa_node", -1), j.value("loader_cpus", std::string()).c_str(),
+        j.value("threads", 0), j.value("images_per_s", 0.0), j.value("mb_per_s", 0.0),
+        j.value("wait_ms_mean", 0.0), j.value("wait_ms_p95", 0.0), j.value("cpu_us_per_image", 0.0),
+        j.value("cores_used", 0.0), j.value("rss_anon_mib", 0.0));
   }
   std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n",
               all["total_images_per_s"].get<double>(), a.ranks, a.ranks == 1 ? "" : "s",
@@ -320,6 +375,26 @@ void PrintTable(const Args& a, const json& all) {
   }
 }
 
+// The batch buffers of all ranks together (each rank checks its own) must fit
+// in half of this machine's memory.
+nl::Status CheckJobBufferMemory(const Args& a) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return nl::Status::Ok();
+  const size_t sample = nl::SampleTransform(a.pipeline.transform).SampleBytes();
+  const double want =
+      static_cast<double>(a.ranks) * a.pipeline.prefetch * a.pipeline.batch_size * sample;
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (want <= have / 2) return nl::Status::Ok();
+  char msg[320];
+  std::snprintf(msg, sizeof msg,
+                "%d ranks x %u batch buffers x %u samples x %zu bytes need %.1f GiB, more than "
+                "half of this machine's %.1f GiB: lower --ranks, --prefetch, --batch-size or "
+                "--image-size",
+                a.ranks, static_cast<unsigned>(a.pipeline.prefetch), a.pipeline.batch_size, sample,
+                want / (1ull << 30), have / (1ull << 30));
+  return nl::Status::ResourceExhausted(msg);
+}
+
 int Fail(const nl::Status& st) {
   std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
   return 1;
@@ -329,29 +404,53 @@ int Run(Args a) {
   nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
   if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
   if (!st.ok()) return Fail(st);
-  // The same plan in the parent and in every rank process.
+  if (!std::isfinite(a.step_ms) || a.step_ms < 0 || a.step_ms > kMaxStepMs) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "--step-ms must be a number of ms in 0..%.0f (got %g)",
+                  kMaxStepMs, a.step_ms);
+    return Fail(nl::Status::InvalidArgument(msg));
+  }
+  // The same plan in the parent and in every rank process. --bind off plans
+  // as --bind on does (so both run the same loader threads) and binds nothing.
   a.plan.nproc = a.ranks;
-  a.plan.no_bind = a.bind == "off";
+  a.plan.no_bind = false;
+  const bool binds = a.bind == "on";
   if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.plan.cuda_visible_devices = cvd;
   nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.plan);
   if (!job.ok()) return Fail(job.status());
   if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
     if (a.child_rank >= a.ranks) return 2;
     const nl::RankPlan& mine = job->plan.ranks[a.child_rank];
-    std::cout << RunRank(a, job->topology, mine, job->plan.binds, a.child_rank).dump() << std::endl;
+    std::cout << RunRank(a, job->topology, mine, binds, a.child_rank).dump() << std::endl;
     return 0;
   }
   for (const std::string& note : job->notes)
     std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
+  if (!binds) std::fprintf(stderr, "loader_bench: --bind off: no rank is bound\n");
+  if (!job->gpu_note.empty())
+    std::fprintf(stderr, "loader_bench: note: no GPU found through CUDA: %s\n",
+                 job->gpu_note.c_str());
+  st = CheckJobBufferMemory(a);
+  if (!st.ok()) return Fail(st);
+  std::unique_ptr<IndexFile> rec;
+  if (!a.record_indices.empty()) {  // opened before any rank runs: a bad path costs nothing
+    nl::Result<std::unique_ptr<IndexFile>> f = IndexFile::Open(a.record_indices);
+    if (!f.ok()) return Fail(f.status());
+    rec = std::move(*f);
+  }
   nl::Result<RankProcesses> procs = SpawnRanks(a);
   if (!procs.ok()) return Fail(procs.status());
-  const json all = Gather(a, *procs, ReadOutputs(procs->fds));
+  const json all = Gather(a, *procs, ReadOutputs(procs->fds), rec.get());
   int rc = 0;
   for (const auto& j : all["ranks"]) rc = j.contains("error") ? 1 : rc;
   if (a.json_out) {
     std::cout << all.dump() << "\n";
   } else {
     PrintTable(a, all);
+  }
+  if (rec) {
+    st = rec->Close();
+    if (!st.ok()) return Fail(st);
   }
   return rc;
 }
@@ -384,7 +483,7 @@ int main(int argc, char** argv) {
   app.add_flag("--ignore-gpus", a.plan.ignore_gpus,
                "Plan as if no GPU were visible (e.g. more ranks than GPUs)");
   app.add_option("--step-ms", a.step_ms,
-                 "Simulated compute per batch, in ms (0: consume as fast as possible)");
+                 "Simulated compute per batch, in ms, 0..1000000 (0: consume as fast as possible)");
   app.add_option("--record-indices", a.record_indices,
                  "Write {rank, epoch, indices} JSON lines to FILE");
   app.add_flag("--json", a.json_out, "Print JSON");

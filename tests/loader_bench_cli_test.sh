@@ -2,10 +2,11 @@
 # loader_bench end to end: 2 ranks as 2 processes, JSON output, recorded
 # indices (every sample of an epoch delivered exactly once across ranks, apart
 # from DistributedSampler's documented padding), and a bad shard set.
-# Usage: loader_bench_cli_test.sh PACK_TOOL LOADER_BENCH
+# Usage: loader_bench_cli_test.sh PACK_TOOL LOADER_BENCH [TOPOLOGY_DIR]
 set -uo pipefail
 PT=$1
 LB=$2
+T=${3:-$(dirname "$0")/topologies}
 . "$(dirname "$0")/cli_lib.sh"
 
 "$PT" fake-cifar100 "$W/c" --train 301 --test 10 >/dev/null && "$PT" cifar100 "$W/c" "$W/p" >/dev/null 2>&1
@@ -61,4 +62,38 @@ expect_text "add --augment" "the error names the missing flag"
 expect_rc_stdout 0 "--augment --pad-crop 4 is applied" "$LB" --data "$W/p" --ranks 1 --augment --pad-crop 4 --image-size 32 --json
 expect_rc 0 "a run of a few images warns that its rate is start-up" "$LB" --data "$W/p" --ranks 1 --image-size 32 --batch-size 8
 expect_text "these rates are dominated by start-up" "short-run note"
+# --bind off runs the plan's loader threads too (it used to drop to 1), unbound.
+for b in on off; do
+  expect_rc_stdout 0 "--bind $b on the 8-GPU node file" "$LB" --data "$W/p" --image-size 32 \
+    --topology "$T/one_node_8gpu.xml" --ignore-gpus --bind $b --json
+  cp "$W/out" "$W/bind_$b.json"
+done
+expect_rc 0 "--bind on and off run the same loader threads; off says cpu_binding off" $PY - "$W/bind_on.json" "$W/bind_off.json" <<'PYEOF'
+import json, sys
+on, off = (json.load(open(f))["ranks"][0] for f in sys.argv[1:3])
+assert on["threads"] == off["threads"] > 1, (on["threads"], off["threads"])
+assert off["cpu_binding"] == "off" and on["cpu_binding"] != "off", (on["cpu_binding"], off["cpu_binding"])
+PYEOF
+
+# --step-ms: a finite number of ms in 0..1e6 (1e300 and inf skipped the sleep, 1e12 slept 31 years).
+for v in 1e300 inf nan -5 1e12; do
+  expect_rc 1 "--step-ms $v is refused" timeout 60 "$LB" --data "$W/p" --image-size 32 --step-ms "$v"
+  expect_text "--step-ms must be a number of ms in 0..1000000" "--step-ms $v: the error states the range"
+done
+
+# --record-indices to a file that cannot be written: an error naming it (it was ignored, rc 0).
+expect_rc 1 "--record-indices in a missing directory" timeout 60 "$LB" --data "$W/p" --image-size 32 --record-indices /nonexistent/x.jsonl
+expect_text "--record-indices: cannot open /nonexistent/x.jsonl" "names the file"
+if [ -w /dev/full ]; then
+  expect_rc 1 "--record-indices to a full device" timeout 60 "$LB" --data "$W/p" --image-size 32 --record-indices /dev/full
+  expect_text "--record-indices: cannot write /dev/full" "names the file"
+fi
+
+# The buffers of all ranks together must fit in half the memory (each rank's alone did).
+mem=$($PY -c "import os; print(os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGESIZE'))")
+batch=$($PY -c "print(int(0.3 * $mem / (4 * 32 * 32 * 3)) + 1)")  # one rank: 30% of memory
+expect_rc 1 "4 ranks of 30% of memory each are refused before they start" timeout 60 "$LB" --data "$W/p" \
+  --ranks 4 --allow-shared-cores --prefetch 4 --image-size 32 --batch-size "$batch"
+expect_text "4 ranks x 4 batch buffers x $batch samples x 3072 bytes need" "the error says the numbers"
+expect_text "lower --ranks, --prefetch, --batch-size or --image-size" "and what to lower"
 finish

@@ -63,4 +63,32 @@ expect_text "in --gpus '99999999999999999999'" "names --gpus and quotes it"
 expect_rc 1 "a cpu list of a billion cpus is refused without allocating" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --cpu-affinity 0-999999999
 expect_text "cpu indices are 0..65535" "states the bound"
 expect_rc 105 "--nproc-per-node 2147483647 is refused" "$L" topo --nproc-per-node 2147483647
+# Fallbacks are notes, contradictions errors (no silent fallback).
+expect_rc 0 "--trainer-cores 65535" "$L" topo --topology "$T/incident.xml" --nproc-per-node 4 --trainer-cores 65535
+expect_text "note: --trainer-cores 65535: local ranks 0-3 have too few cores for that; each trainer got 1 cpu" "the shortfall is a note"
+expect_rc 0 "CUDA_VISIBLE_DEVICES set but empty" env CUDA_VISIBLE_DEVICES= "$L" topo --topology "$T/incident.xml" --nproc-per-node 1
+expect_text "note: CUDA_VISIBLE_DEVICES is set but empty: no GPU is visible" "is a note"
+expect_rc 1 "--ignore-gpus --gpus 0" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --ignore-gpus --gpus 0
+expect_text "--gpus '0' and --ignore-gpus contradict" "names --ignore-gpus"
+expect_rc 1 "--no-bind --numa-node 5" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --no-bind --numa-node 5
+expect_text "--numa-node and --no-bind contradict" "names both flags"
+expect_rc 1 "--no-bind --cpu-affinity 0-3" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --no-bind --cpu-affinity 0-3
+expect_text "--cpu-affinity and --no-bind contradict" "names both flags"
+expect_rc 1 "--no-bind --trainer-cores 2" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --no-bind --trainer-cores 2
+expect_text "--trainer-cores and --no-bind contradict" "names both flags"
+expect_rc 0 "topo --json has gpu_note" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --json
+cp "$W/out" "$W/note.json"
+expect_rc 0 "gpu_note is a string" $PY -c "import json; j=json.load(open('$W/note.json')); assert isinstance(j['gpu_note'], str), j.keys()"
+
+# Rank lists stay short: 1024 ranks make one note and short errors.
+expect_rc 1 "1024 ranks on 88 cpus" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1024 --ignore-gpus
+expect_text "for 512 local ranks (0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,... (512 ranks))" "the error lists the ranks briefly"
+expect_rc 0 "1024 ranks, --allow-shared-cores" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1024 --ignore-gpus --allow-shared-cores
+expect_text "note: --allow-shared-cores: local ranks 0-1023 share their cores" "one note for all ranks"
+expect_rc 0 "one shared-cores note line" test "$(grep -c -- '--allow-shared-cores: local' "$W/out")" -eq 1
+
+# A cpu list repeating its whole range is a set of bits (it took 530 MB and 7.7 s).
+big=$($PY -c "print(','.join(['0-65535']*2000))")
+expect_rc 1 "a cpu list repeating 0-65535 2000 times" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --cpu-affinity "$big"
+expect_text "uses cpus 88-65535 that this process may not use" "is parsed and checked"
 finish

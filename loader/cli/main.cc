@@ -108,6 +108,7 @@ int Topo(TopoArgs a) {
   if (a.json) {
     nlohmann::json j = ToJson(job->topology, job->gpus, job->plan);
     j["notes"] = job->notes;
+    j["gpu_note"] = job->gpu_note;  // why no GPU was found through CUDA ("" when one was)
     std::cout << j.dump() << "\n";
     return 0;
   }

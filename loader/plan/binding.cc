@@ -33,15 +33,6 @@ void SplitSlice(const std::vector<CpuList>& slice, int trainer_cores, RankPlan* 
   }
 }
 
-std::string Join(const std::vector<int>& v) {
-  std::string s;
-  for (int x : v) {
-    if (!s.empty()) s += ',';
-    s += std::to_string(x);
-  }
-  return s;
-}
-
 // Groups a cpu list into the topology's cores (in core order).
 std::vector<CpuList> CoresOf(const Topology& topo, const CpuList& cpus) {
   std::vector<std::pair<int, CpuList>> found;
@@ -212,7 +203,7 @@ Status SliceNodeCores(const Topology& topo, const PlanOptions& o, BindingPlan* p
       return Status::InvalidArgument(
           "NUMA node " + std::to_string(node_id) + " has " + std::to_string(c) + " allowed core" +
           (c == 1 ? "" : "s") + " (" + FormatCpuList(Intersect(node.pus, topo.allowed_pus())) +
-          ") for " + std::to_string(k) + " local ranks (" + Join(ranks) +
+          ") for " + std::to_string(k) + " local ranks (" + FormatRankList(ranks) +
           "): give the job more cores (cgroup/taskset), fewer ranks, or --allow-shared-cores");
     }
     size_t next = 0;
@@ -228,8 +219,8 @@ Status SliceNodeCores(const Topology& topo, const PlanOptions& o, BindingPlan* p
         rp.shares_cores = true;
       }
       if (k > 1) {
-        rp.reason += "; ranks " + Join(ranks) + " share node " + std::to_string(node_id) + ": " +
-                     std::to_string(slice.size()) + " of its " + std::to_string(c) +
+        rp.reason += "; ranks " + FormatRankList(ranks) + " share node " + std::to_string(node_id) +
+                     ": " + std::to_string(slice.size()) + " of its " + std::to_string(c) +
                      " allowed cores";
       } else {
         rp.reason +=

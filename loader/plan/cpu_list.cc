@@ -7,7 +7,8 @@
 
 namespace nl {
 Result<CpuList> ParseCpuList(const std::string& text) {
-  CpuList out;
+  // A set of kMaxCpuIndex + 1 bits, so repeating a range costs nothing more.
+  std::vector<bool> in(static_cast<size_t>(kMaxCpuIndex) + 1, false);
   const std::vector<std::string_view> items = SplitText(text, ',');
   for (size_t k = 0; k < items.size(); ++k) {
     const std::string_view tok = items[k];
@@ -29,10 +30,11 @@ Result<CpuList> ParseCpuList(const std::string& text) {
                                                  : "bad item '" + std::string(tok) +
                                                        "' in cpu list '" + text + "'" + why);
     }
-    for (int64_t c = *lo; c <= *hi; ++c) out.push_back(static_cast<int>(c));
+    for (int64_t c = *lo; c <= *hi; ++c) in[static_cast<size_t>(c)] = true;
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  CpuList out;
+  for (size_t c = 0; c < in.size(); ++c)
+    if (in[c]) out.push_back(static_cast<int>(c));
   return out;
 }
 
@@ -46,6 +48,29 @@ std::string FormatCpuList(const CpuList& cpus) {
     if (j > i) {
       s += '-';  // (not "-" + std::string: GCC 12 -O3 warns -Wrestrict on that, falsely)
       s += std::to_string(cpus[j]);
+    }
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string FormatRankList(const std::vector<int>& ranks) {
+  constexpr size_t kMaxItems = 16;  // then "... (N ranks)": a message stays one short line
+  std::string s;
+  size_t items = 0;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (j < i + 2) j = i;  // runs of one or two: each written out ("2,3")
+    if (items++ == kMaxItems) {
+      s += ",... (" + std::to_string(ranks.size()) + " ranks)";
+      break;
+    }
+    if (!s.empty()) s += ',';
+    s += std::to_string(ranks[i]);
+    if (j > i) {
+      s += '-';
+      s += std::to_string(ranks[j]);
     }
     i = j + 1;
   }

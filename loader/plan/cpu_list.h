@@ -20,6 +20,10 @@ inline constexpr int kMaxCpuIndex = 65535;
 Result<CpuList> ParseCpuList(const std::string& text);
 // {0,1,2,3,8,10,11} -> "0-3,8,10-11"; empty -> "".
 std::string FormatCpuList(const CpuList& cpus);
+// Ascending rank numbers for messages: runs of three or more as ranges,
+// {0,1,...,1023} -> "0-1023", {2,3} -> "2,3", {0,1,2,5} -> "0-2,5"; after
+// 16 items the rest is cut: {0,2,...,1022} -> "0,2,...,30,... (512 ranks)".
+std::string FormatRankList(const std::vector<int>& ranks);
 
 CpuList Intersect(const CpuList& a, const CpuList& b);
 CpuList Union(const CpuList& a, const CpuList& b);

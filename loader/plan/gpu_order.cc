@@ -41,6 +41,10 @@ Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const G
     return out;
   }
   const std::string& list = *in.cuda_visible_devices;
+  if (list.empty()) {  // CUDA then shows no device: not a silent "all GPUs" or "none"
+    if (note) *note = "CUDA_VISIBLE_DEVICES is set but empty: no GPU is visible";
+    return out;
+  }
   std::vector<bool> used(pci.size(), false);
   size_t start = 0;
   while (start < list.size()) {

@@ -27,7 +27,8 @@ struct GpuOrderInputs {
 
 // Pure: the visible GPUs in CUDA ordinal order. When CUDA_VISIBLE_DEVICES
 // holds an entry that ends the list early (not an index of a GPU, or listed
-// twice), *note (if given) says which and why.
+// twice), *note (if given) says which and why; so it does when the variable
+// is set but empty (no GPU is visible).
 Result<std::vector<VisibleGpu>> ResolveVisibleGpus(const Topology& topo, const GpuOrderInputs& in,
                                                    std::string* note = nullptr);
 

@@ -71,5 +71,14 @@ TEST(GpuOrder, AnEntryTooLongForAnyIntegerEndsTheListWithANote) {
   EXPECT_NE(note.find("entry '2' is listed twice"), std::string::npos) << note;
 }
 
+TEST(GpuOrder, SetButEmptyCudaVisibleDevicesIsNoted) {
+  Topology t = Load("incident.xml");
+  std::string note;
+  Result<std::vector<VisibleGpu>> v = ResolveVisibleGpus(t, {"", {}}, &note);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->empty());
+  EXPECT_EQ(note, "CUDA_VISIBLE_DEVICES is set but empty: no GPU is visible");
+}
+
 }  // namespace
 }  // namespace nl

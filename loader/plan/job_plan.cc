@@ -23,9 +23,31 @@ Status ParsePlanFlags(const JobPlanRequest& rq, PlanOptions* o) {
   return Status::Ok();
 }
 
+// Flags that contradict each other: an error naming both, before anything is loaded.
+Status CheckContradictions(const JobPlanRequest& rq) {
+  if (rq.ignore_gpus && !rq.gpus.empty()) {
+    return Status::InvalidArgument("--gpus '" + rq.gpus +
+                                   "' and --ignore-gpus contradict: --ignore-gpus plans as if no "
+                                   "GPU were visible; drop one of them");
+  }
+  if (rq.no_bind) {
+    const char* with = !rq.numa_node.empty()      ? "--numa-node"
+                       : !rq.cpu_affinity.empty() ? "--cpu-affinity"
+                       : rq.trainer_cores != 1    ? "--trainer-cores"
+                                                  : nullptr;
+    if (with) {
+      return Status::InvalidArgument(std::string(with) + " and --no-bind contradict: " + with +
+                                     " says where ranks run, --no-bind binds nothing; drop one "
+                                     "of them");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
+  NL_RETURN_IF_ERROR(CheckContradictions(rq));
   const bool live = rq.topology_file.empty();
   NL_ASSIGN_OR_RETURN(Topology topo,
                       live ? Topology::Live() : Topology::FromXmlFile(rq.topology_file));
@@ -54,11 +76,28 @@ Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
   o.no_bind = rq.no_bind;
   NL_RETURN_IF_ERROR(ParsePlanFlags(rq, &o));
   NL_ASSIGN_OR_RETURN(job.plan, Plan(job.topology, o));
+  std::vector<int> shared, short_trainer;
   for (const RankPlan& r : job.plan.ranks) {
-    if (r.shares_cores) {
-      job.notes.push_back("--allow-shared-cores: local rank " + std::to_string(r.local_rank) +
-                          " shares its cores with another rank");
-    }
+    if (r.shares_cores) shared.push_back(r.local_rank);
+    if (job.plan.binds && static_cast<int>(r.trainer_cpus.size()) < rq.trainer_cores)
+      short_trainer.push_back(r.local_rank);
+  }
+  if (!shared.empty()) {  // one line, however many ranks
+    job.notes.push_back("--allow-shared-cores: local rank" +
+                        std::string(shared.size() == 1 ? " " : "s ") + FormatRankList(shared) +
+                        (shared.size() == 1 ? " shares its" : " share their") +
+                        " cores with another rank");
+  }
+  if (!short_trainer.empty()) {
+    const RankPlan& r = job.plan.ranks[short_trainer.front()];
+    job.notes.push_back(
+        "--trainer-cores " + std::to_string(rq.trainer_cores) + ": local rank" +
+        (short_trainer.size() == 1 ? " " : "s ") + FormatRankList(short_trainer) +
+        (short_trainer.size() == 1 ? " has" : " have") +
+        " too few cores for that; each trainer got 1 cpu shared with its loader threads "
+        "(local rank " +
+        std::to_string(r.local_rank) + ": trainer_cpus=" + FormatCpuList(r.trainer_cpus) +
+        " loader_cpus=" + FormatCpuList(r.loader_cpus) + ")");
   }
   if (!job.plan.binds) job.notes.push_back("--no-bind: no rank is bound");
   return job;

@@ -104,6 +104,89 @@ TEST(JobPlan, CudaVisibleDevicesSurprisesAreNoted) {
   EXPECT_TRUE(HasNote(*j, "CUDA ignores it and every entry after it"));
 }
 
+int CountNotes(const JobPlan& j, const std::string& words) {
+  int n = 0;
+  for (const std::string& note : j.notes) n += note.find(words) != std::string::npos;
+  return n;
+}
+
+TEST(JobPlan, SetButEmptyCudaVisibleDevicesIsNoted) {
+  JobPlanRequest rq = Incident(1);
+  rq.cuda_visible_devices = "";
+  Result<JobPlan> j = MakeJobPlan(rq);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_TRUE(j->gpus.empty());
+  EXPECT_TRUE(HasNote(*j, "CUDA_VISIBLE_DEVICES is set but empty: no GPU is visible"));
+}
+
+TEST(JobPlan, TooManyTrainerCoresIsNoted) {
+  JobPlanRequest rq = Incident(4);  // slices of 11 cores
+  rq.trainer_cores = 65535;
+  Result<JobPlan> j = MakeJobPlan(rq);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(j->plan.ranks[0].trainer_cpus.size(), 1u);
+  EXPECT_EQ(CountNotes(*j, "--trainer-cores 65535: local ranks 0-3 have too few cores"), 1);
+  EXPECT_TRUE(HasNote(*j,
+                      "each trainer got 1 cpu shared with its loader threads (local rank 0: "
+                      "trainer_cpus=0 loader_cpus=0-10,44-54)"));
+  rq.trainer_cores = 2;  // fits: no note
+  j = MakeJobPlan(rq);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(j->plan.ranks[0].trainer_cpus.size(), 2u);
+  EXPECT_TRUE(j->notes.empty());
+  rq = Incident(1);  // a 2-core slice: trainer cores 2 cannot leave the loader a core
+  rq.cpu_affinity = "0-1";
+  rq.trainer_cores = 2;
+  j = MakeJobPlan(rq);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_TRUE(HasNote(*j, "--trainer-cores 2: local rank 0 has too few cores"));
+}
+
+TEST(JobPlan, ContradictingFlagsAreRefusedNamingBoth) {
+  JobPlanRequest rq = Incident(1);
+  rq.ignore_gpus = true;
+  rq.gpus = "0";
+  Status s = MakeJobPlan(rq).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--gpus '0' and --ignore-gpus contradict"), std::string::npos)
+      << s.message();
+  rq = Incident(1);
+  rq.no_bind = true;
+  rq.numa_node = "5";
+  s = MakeJobPlan(rq).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--numa-node and --no-bind contradict"), std::string::npos)
+      << s.message();
+  rq.numa_node.clear();
+  rq.cpu_affinity = "0-3";
+  s = MakeJobPlan(rq).status();
+  EXPECT_NE(s.message().find("--cpu-affinity and --no-bind contradict"), std::string::npos)
+      << s.message();
+  rq.cpu_affinity.clear();
+  rq.trainer_cores = 2;
+  s = MakeJobPlan(rq).status();
+  EXPECT_NE(s.message().find("--trainer-cores and --no-bind contradict"), std::string::npos)
+      << s.message();
+  rq.trainer_cores = 1;
+  EXPECT_TRUE(MakeJobPlan(rq).ok());
+}
+
+TEST(JobPlan, RankListsInMessagesStayShort) {
+  JobPlanRequest rq = Incident(1024);
+  rq.ignore_gpus = true;
+  Status s = MakeJobPlan(rq).status();  // 512 ranks on each node: too few cores
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("for 512 local ranks (0,2,4,"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(",... (512 ranks))"), std::string::npos) << s.message();
+  EXPECT_LT(s.message().size(), 400u) << s.message();
+  rq.allow_shared_cores = true;
+  Result<JobPlan> j = MakeJobPlan(rq);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(CountNotes(*j, "--allow-shared-cores"), 1);
+  EXPECT_TRUE(HasNote(*j, "--allow-shared-cores: local ranks 0-1023 share their cores"));
+  EXPECT_LT(j->plan.ranks[0].reason.size(), 400u) << j->plan.ranks[0].reason;
+}
+
 TEST(JobPlan, MissingTopologyFileIsAnError) {
   JobPlanRequest rq;
   rq.topology_file = "/nonexistent/topo.xml";
