@@ -6,7 +6,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+
 #include "formats/file_util.h"
+#include "formats/pack/cifar_source.h"
+#include "formats/pack/pack.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -24,6 +28,14 @@ std::vector<uint8_t> PngRecord(uint32_t w, uint32_t h, uint32_t seed) {
   hd.width = w;
   hd.height = h;
   return CraftRecord(hd, png);
+}
+
+// Raw records on two threads (the packer's own tests cover the options).
+PackOptions RawPack() {
+  PackOptions o;
+  o.encoding = PackEncoding::kRaw;
+  o.threads = 2;
+  return o;
 }
 
 std::string AllProblems(const VerifyReport& r) {
@@ -199,6 +211,48 @@ TEST(Export, CheckDecodedShape) {
   Status s = CheckDecodedShape(hd, img);
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
   EXPECT_EQ(s.message(), "image decodes to 3x4 but the header says 3x2");
+}
+
+// ---- damage found in packed sets (moved from pack_test.cc) ----
+
+TEST(Verify, FindsDamageInShardFiles) {
+  testing::ScratchDir d;
+  ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 200, .test = 20}).ok());
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, RawPack()).ok());
+  // Flip one byte inside a record's pixels: the last record's payload is near
+  // the end of the data pages; find one by content instead of guessing offsets.
+  const std::string path = d / "out/train/shard-00000/data.mdb";
+  std::vector<uint8_t> db = *ReadFileBytes(path);
+  Result<DecodedSample> s = ReadSample(d / "out", "train", 150);
+  ASSERT_TRUE(s.ok());
+  auto it = std::search(db.begin(), db.end(), s->image.pixels.begin(), s->image.pixels.end());
+  ASSERT_NE(it, db.end());
+  it[100] ^= 0x55;
+  testing::WriteBytes(path, db);
+  VerifyReport rep = VerifyShardSet(d / "out", {.quick = true});
+  ASSERT_FALSE(rep.ok());
+  bool named = false;
+  for (const auto& p : rep.problems) {
+    if (p.where == "train/shard-00000 index 150" &&
+        p.what.find("payload checksum mismatch") != std::string::npos)
+      named = true;
+  }
+  EXPECT_TRUE(named);
+  EXPECT_NE(rep.problems[0].what.find("checksum"), std::string::npos);
+}
+
+TEST(Verify, MissingShardAndManifest) {
+  testing::ScratchDir d;
+  ASSERT_TRUE(WriteFakeCifar100(d / "src", {.train = 20, .test = 20}).ok());
+  ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, RawPack()).ok());
+  ASSERT_TRUE(RemoveAll(d / "out/test").ok());
+  VerifyReport rep = VerifyShardSet(d / "out", {});
+  ASSERT_EQ(rep.problems.size(), 1u);
+  EXPECT_EQ(rep.problems[0].where, "test/shard-00000");
+  ASSERT_TRUE(RemoveAll(d / "out/manifest.json").ok());
+  rep = VerifyShardSet(d / "out", {});
+  ASSERT_EQ(rep.problems.size(), 1u);
+  EXPECT_NE(rep.problems[0].what.find("Not found"), std::string::npos);
 }
 
 }  // namespace
