@@ -96,4 +96,5 @@ expect_rc 1 "4 ranks of 30% of memory each are refused before they start" timeou
   --ranks 4 --allow-shared-cores --prefetch 4 --image-size 32 --batch-size "$batch"
 expect_text "4 ranks x 4 batch buffers x $batch samples x 3072 bytes need" "the error says the numbers"
 expect_text "lower --ranks, --prefetch, --batch-size or --image-size" "and what to lower"
+expect_rc 105 "--seed -1 is refused, not wrapped to 2^64 - 1" "$LB" --data "$W/p" --seed -1
 finish

@@ -26,6 +26,11 @@ expect_rc 1 "train-only flags without --augment are refused" "$L" preview --data
 expect_text "add --augment" "names the missing flag"
 expect_rc 1 "--indices past the split names it" "$L" preview --data "$W/p" --indices 0,300 --out "$W/o"
 expect_text "'300' is out of range (0..299) in --indices '0,300'" "the range is the split's"
+# CLI11 reads -1 into an unsigned option as 2^64 - 1: refused instead.
+for flag in "--epoch -1" "--seed -1" "--batch -1"; do
+  # shellcheck disable=SC2086
+  expect_rc 105 "preview refuses $flag" "$L" preview --data "$W/p" --grid "$W/g.png" $flag
+done
 expect_rc 1 "--batch past the epoch" "$L" preview --data "$W/p" --grid "$W/g.png" --batch 99
 expect_text "--batch 99 is past the 19 batches of an epoch" "says how many batches"
 finish

@@ -76,7 +76,9 @@ void AddPipelineOptions(CLI::App* app, PipelineConfig* c, PipelineFlags* f) {
                       " (their buffers must fit in half the machine's memory)")
       ->check(CLI::Range(1u, kMaxPrefetch))
       ->capture_default_str();
-  app->add_option("--seed", c->seed, "Shuffle and augmentation seed")->capture_default_str();
+  app->add_option("--seed", c->seed, "Shuffle and augmentation seed, 0 or more")
+      ->check(CLI::NonNegativeNumber)  // CLI11 would wrap -1 to 2^64 - 1
+      ->capture_default_str();
   app->add_flag("--no-shuffle", f->no_shuffle, "Index order instead of a per-epoch permutation");
   app->add_flag("--drop-last", c->drop_last,
                 "Trim the dataset to a multiple of the world size instead of padding");

@@ -304,13 +304,17 @@ int main(int argc, char** argv) {
   preview->add_option("--grid", pv.grid,
                       "Also write a contact sheet (without --indices: a whole batch)");
   preview->add_option("--batch", pv.batch, "With --grid and no --indices: which batch of the epoch")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   preview->add_option("--batch-size", pv.batch_size, "With --grid and no --indices: its size")
       ->check(CLI::Range(1u, kMaxPreviewSamples))
       ->capture_default_str();
   preview->add_option("--epoch", pv.epoch, "Epoch (augmentation and batch order depend on it)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  preview->add_option("--seed", pv.seed, "Seed")->capture_default_str();
+  preview->add_option("--seed", pv.seed, "Seed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   nl::AddTransformOptions(preview, &pv.transform, &pv.flags);
 
   CLI11_PARSE(app, argc, argv);
