@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "formats/file_util.h"
 #include "formats/manifest.h"
@@ -137,9 +137,9 @@ struct PreviewArgs {
 nl::Result<std::vector<uint64_t>> PreviewIndices(const PreviewArgs& a, uint64_t split_size) {
   std::vector<uint64_t> indices;
   if (!a.indices.empty()) {
-    NL_ASSIGN_OR_RETURN(std::vector<int64_t> l,
-                        nl::ParseIntList(a.indices, "--indices", 0,
-                                         static_cast<int64_t>(split_size) - 1));
+    NL_ASSIGN_OR_RETURN(
+        std::vector<int64_t> l,
+        nl::ParseIntList(a.indices, "--indices", 0, static_cast<int64_t>(split_size) - 1));
     if (l.size() > kMaxPreviewSamples) {
       return nl::Status::InvalidArgument("--indices lists " + std::to_string(l.size()) +
                                          " samples; preview writes at most " +

@@ -20,8 +20,10 @@ namespace nl {
 namespace {
 using Clock = std::chrono::steady_clock;
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
-// Epoch index lists kept: batches in flight span at most the current epoch,
-// the one before (slow workers) and the next (prefetch across the boundary).
+// Epoch index lists kept: batches in flight usually span the current epoch,
+// the one before (slow workers) and the next (prefetch across the boundary);
+// with more batches in flight than an epoch has, an evicted list is simply
+// computed again.
 constexpr size_t kCachedEpochs = 3;
 // With --on-bad-record skip, a bad sample is replaced by the next one of the
 // rank's list; this many bad replacements in a row mean a broken split, and
@@ -221,11 +223,11 @@ struct Pipeline::Impl {
         std::lock_guard lock(mu);
         if (j < slot.error_at) {
           slot.error_at = j;
-          slot.error = c.on_bad_record == OnBadRecord::kSkip
-                           ? err.WithContext(std::to_string(attempts) +
-                                             " samples in a row of rank " + std::to_string(c.rank) +
-                                             "'s list failed (the last one)")
-                           : err;
+          slot.error =
+              c.on_bad_record == OnBadRecord::kSkip
+                  ? err.WithContext(std::to_string(attempts) + " samples in a row of rank " +
+                                    std::to_string(c.rank) + "'s list failed (the last one)")
+                  : err;
         }
       }
       if (slot.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {

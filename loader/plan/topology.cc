@@ -1,6 +1,7 @@
 #include "loader/plan/topology.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -55,6 +56,21 @@ Result<Topology> Topology::Live() {
 }
 
 Result<Topology> Topology::FromXmlFile(const std::string& path) {
+  // hwloc reads whatever it is given to the end: /dev/zero or a FIFO would
+  // never return. A topology is a regular file, and even a large machine's
+  // is a few MiB.
+  constexpr off_t kMaxTopologyFileBytes = off_t{64} << 20;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::FromErrno("cannot read topology file " + path, errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument("topology file " + path + " is not a regular file");
+  }
+  if (st.st_size > kMaxTopologyFileBytes) {
+    return Status::InvalidArgument("topology file " + path + " is " + std::to_string(st.st_size) +
+                                   " bytes: not an hwloc XML topology (those are a few MiB)");
+  }
   HwlocTopology t = NewTopology();
   if (!t) return Status::Internal("hwloc_topology_init failed");
   if (hwloc_topology_set_xml(t.get(), path.c_str()) != 0) {

@@ -62,5 +62,14 @@ TEST(Topology, BadFile) {
       << s.ToString();
 }
 
+TEST(Topology, ADeviceOrDirectoryIsRefusedNotReadForEver) {
+  // hwloc would read /dev/zero until memory ran out.
+  for (const char* path : {"/dev/zero", "/tmp"}) {
+    Status s = Topology::FromXmlFile(path).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_EQ(s.message(), std::string("topology file ") + path + " is not a regular file");
+  }
+}
+
 }  // namespace
 }  // namespace nl
