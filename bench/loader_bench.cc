@@ -4,6 +4,7 @@
 // and prints a per-rank table (or --json).
 #include <poll.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int ranks = 1;
   int child_rank = -1;  // set in the rank processes this program spawns
+  long parent_pid = 0;  // in a rank process: the loader_bench that spawned it
   std::vector<std::string> argv;
   uint32_t threads = 0;  // per rank; 0: the plan's loader cpus
   std::string bind = "on", record_indices;
@@ -193,6 +195,8 @@ nl::Result<RankProcesses> SpawnRanks(const Args& a) {
       return nl::Status::FromErrno("cannot make a pipe for rank " + std::to_string(r), e);
     }
     std::vector<std::string> args = a.argv;
+    args.push_back("--parent-pid");
+    args.push_back(std::to_string(getpid()));
     args.push_back("--child-rank");
     args.push_back(std::to_string(r));
     std::vector<char*> cargs;
@@ -395,6 +399,14 @@ nl::Status CheckJobBufferMemory(const Args& a) {
   return nl::Status::ResourceExhausted(msg);
 }
 
+// A rank process must not outlive the loader_bench that spawned it (killed,
+// it can no longer read the result): the kernel kills the rank when its
+// parent dies. False when the parent is already gone.
+bool DieWithParent(long parent_pid) {
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return true;  // best effort
+  return parent_pid == 0 || getppid() == static_cast<pid_t>(parent_pid);
+}
+
 int Fail(const nl::Status& st) {
   std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
   return 1;
@@ -420,6 +432,7 @@ int Run(Args a) {
   if (!job.ok()) return Fail(job.status());
   if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
     if (a.child_rank >= a.ranks) return 2;
+    if (!DieWithParent(a.parent_pid)) return 1;
     const nl::RankPlan& mine = job->plan.ranks[a.child_rank];
     std::cout << RunRank(a, job->topology, mine, binds, a.child_rank).dump() << std::endl;
     return 0;
@@ -489,6 +502,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", a.json_out, "Print JSON");
   nl::AddPipelineOptions(&app, &a.pipeline, &a.pflags);
   nl::AddTransformOptions(&app, &a.pipeline.transform, &a.tflags);
+  app.add_option("--parent-pid", a.parent_pid, "internal: the spawning loader_bench")->group("");
   app.add_option("--child-rank", a.child_rank, "internal: run one rank and print its JSON")
       ->group("");
   CLI11_PARSE(app, argc, argv);

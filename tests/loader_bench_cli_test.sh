@@ -97,4 +97,27 @@ expect_rc 1 "4 ranks of 30% of memory each are refused before they start" timeou
 expect_text "4 ranks x 4 batch buffers x $batch samples x 3072 bytes need" "the error says the numbers"
 expect_text "lower --ranks, --prefetch, --batch-size or --image-size" "and what to lower"
 expect_rc 105 "--seed -1 is refused, not wrapped to 2^64 - 1" "$LB" --data "$W/p" --seed -1
+# A killed loader_bench takes its rank processes with it (they used to run on
+# to the end of their epochs, orphaned).
+"$LB" --data "$W/p" --ranks 2 --allow-shared-cores --image-size 16 --step-ms 100 --epochs 100 >/dev/null 2>&1 &
+lb=$!
+kids=""
+for _ in $(seq 100); do  # until both ranks have started (bounded)
+  kids=$(pgrep -P "$lb" | tr '\n' ' ')
+  [ "$(echo $kids | wc -w)" -ge 2 ] && break
+  sleep 0.1
+done
+kill -9 "$lb"
+wait "$lb" 2>/dev/null
+left=$kids
+for _ in $(seq 100); do  # until the kernel has killed them (bounded)
+  left=""
+  for k in $kids; do kill -0 "$k" 2>/dev/null && left="$left $k"; done
+  [ -z "$left" ] && break
+  sleep 0.1
+done
+if [ -n "$kids" ] && [ -z "$left" ]; then ok "rank processes die with a killed loader_bench"; else
+  fail "rank processes ($kids) outlived their parent: $left still running"
+  for k in $left; do kill -9 "$k" 2>/dev/null; done
+fi
 finish
