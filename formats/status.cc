@@ -30,6 +30,10 @@ std::string_view StatusCodeName(StatusCode code) {
       return "Failed precondition";
     case StatusCode::kInternal:
       return "Internal error";
+    case StatusCode::kDeadlineExceeded:
+      return "Timed out";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
   }
   return "Unknown";
 }

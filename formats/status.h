@@ -31,6 +31,8 @@ enum class StatusCode {
   kOutOfRange,          // past the end (e.g. a loader run has no more batches)
   kFailedPrecondition,  // a call made in the wrong state (e.g. a second consumer)
   kInternal,
+  kDeadlineExceeded,  // a wait ran out of time while its peer was alive (stuck, stopped)
+  kUnavailable,       // the peer is gone (its process died or closed the connection)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -62,6 +64,10 @@ class [[nodiscard]] Status {
   static Status FailedPrecondition(std::string msg) {
     return {StatusCode::kFailedPrecondition, std::move(msg)};
   }
+  static Status DeadlineExceeded(std::string msg) {
+    return {StatusCode::kDeadlineExceeded, std::move(msg)};
+  }
+  static Status Unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
 
   bool ok() const { return rep_ == nullptr; }
   StatusCode code() const { return rep_ ? rep_->code : StatusCode::kOk; }

@@ -8,7 +8,7 @@ packages=(
   liblmdb-dev lmdb-utils libhwloc-dev hwloc
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev
   libarchive-dev
-  libcli11-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev libboost-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-lmdb python3-pil python3-numpy python3-torchvision
 )
