@@ -17,9 +17,9 @@ Each batch has `.pixels` (uint8, or float32 with `loader serve --normalize`;
 may be short).
 
 Lifetime rule: a batch's arrays stay valid until the iterator is asked for the
-next batch (it releases the previous one then) or batch.release() /
-client.close(). For a GPU copy that may still be running:
-batch.release_after(event), where event is anything with .synchronize() (e.g.
+next batch (it releases the previous one then) or batch.release()/client.close().
+For a GPU copy that may still be running: batch.release_after(event) where
+event is anything with .synchronize() (e.g.
 torch.cuda.current_stream().record_event()): the client then calls
 event.synchronize() before releasing that slot (when the next batch is asked
 for), so x = torch.from_numpy(b.pixels).cuda(non_blocking=True) is safe.

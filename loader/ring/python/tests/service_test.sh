@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The Python consumer against real `loader serve` processes: its dump equals
+# `loader consume`'s byte for byte, torch views the slot and release_after's
+# event runs before the slot goes back, a producer's bad record arrives as
+# LoaderError with the producer's reason, and the README's DDP loop runs.
+# Usage: service_test.sh PACK_TOOL LOADER PYTHON_DIR TESTS_DIR
+set -uo pipefail
+PT=$1
+LOADER=$2
+PYDIR=$3
+T=$4
+. "$(dirname "$0")/../../../../tests/cli_lib.sh"
+export PYTHONPATH=$PYDIR
+unset NUMA_LOADER_LIB
+
+# Every `loader serve` this test starts is stopped on exit, however it ends.
+SERVERS=()
+cleanup() {
+  for p in "${SERVERS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${SERVERS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$W"
+}
+trap cleanup EXIT
+
+# serve NAME DATA [options...]: a producer for job $JOB-NAME, rank 0 of 1, in
+# the background; its pid in $SERVE_PID, its output in $W/serve-NAME.log.
+JOB=pyconsumer-$$
+serve() {
+  local name=$1 data=$2
+  shift 2
+  "$LOADER" serve --data "$data" --split train --job-id "$JOB-$name" --rank 0 --world-size 1 \
+    --local-rank 0 --batch-size 16 --image-size 32 --threads 1 "$@" >"$W/serve-$name.log" 2>&1 &
+  SERVE_PID=$!
+  SERVERS+=("$SERVE_PID")
+}
+# served NAME WANT_RC: waits for the last started producer and checks its exit code.
+# (A producer still there after 120 s is a hang: it is killed and the check fails.)
+served() {
+  local i
+  for ((i = 0; i < 1200; i++)); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SERVE_PID" 2>/dev/null && { echo "    loader serve ($1) still running after 120 s: killed"; kill -9 "$SERVE_PID"; }
+  wait "$SERVE_PID"
+  local rc=$?
+  check_rc "$rc" "$2" "loader serve ($1) exits $2 after its consumer is done"
+  [ "$rc" -eq "$2" ] || sed 's/^/    serve: /' "$W/serve-$1.log"
+}
+
+"$PT" fake-cifar100 "$W/c" --train 200 --test 10 >/dev/null && "$PT" cifar100 "$W/c" "$W/p" >/dev/null 2>&1 \
+  && ok "a 200-image CIFAR-100 shard set" || fail "packing the test data"
+
+# --- (a) the Python consumer's dump equals loader consume's ---------------
+serve cpp "$W/p" --epochs 2 --seed 7
+expect_rc 0 "loader consume --dump (2 epochs)" \
+  "$LOADER" consume --job-id "$JOB-cpp" --rank 0 --timeout 60 --dump "$W/cpp.dump"
+served cpp 0
+serve py "$W/p" --epochs 2 --seed 7
+expect_rc_stdout 0 "python3 -m numa_loader.consume --json --dump (2 epochs)" \
+  $PY -m numa_loader.consume --job-id "$JOB-py" --rank 0 --timeout 60 --json --dump "$W/py.dump"
+cp "$W/out" "$W/py.json"
+served py 0
+if cmp -s "$W/cpp.dump" "$W/py.dump" && [ -s "$W/py.dump" ]; then
+  ok "the two dumps are equal byte for byte ($(stat -c %s "$W/py.dump") bytes)"
+else
+  fail "the dumps differ: $(cmp "$W/cpp.dump" "$W/py.dump" 2>&1)"
+fi
+expect_rc 0 "the JSON: 2 epochs of 13 batches, 400 images" $PY - "$W/py.json" "$JOB-py" <<'PYEOF'
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+want = {"job_id": sys.argv[2], "rank": 0, "batches": 26, "images": 400, "first_epoch": 0,
+        "first_batch": 0, "last_epoch": 1, "last_batch": 12, "epochs": [0, 1]}
+got = {k: j[k] for k in want}
+assert got == want, got
+assert j["seconds"] > 0 and j["images_per_s"] > 0 and j["batches_per_s"] > 0 and j["per_batch_us"] > 0, j
+PYEOF
+expect_rc 0 "the dump holds 400 images, labels and indices" \
+  test "$(stat -c %s "$W/py.dump")" -eq $((400 * 3072 + 400 * 16))
+
+# --batches N across an epoch boundary of an unbounded producer, human output
+serve some "$W/p" --seed 7
+expect_rc_stdout 0 "consume --batches 15 from an unbounded producer" \
+  $PY -m numa_loader.consume --job-id "$JOB-some" --rank 0 --batches 15
+expect_out "^job $JOB-some rank 0: 15 batches, 232 images in .* us per batch in next\+release; epoch 0 batch 0 to epoch 1 batch 1\$" \
+  "the human line: 13 + 2 batches"
+served some 0
+
+# --- (b) torch.from_numpy views the slot; (d) release_after's event -------
+serve views "$W/p" --epochs 2 --seed 7 --prefetch 2
+expect_rc 0 "torch views equal loader consume's bytes; events synchronized before release" \
+  $PY "$T/views_check.py" "$JOB-views" "$W/cpp.dump"
+expect_out "^26 batches: " "all 26 batches checked"
+served views 0
+
+# --- (c) a bad record: the producer's reason arrives as LoaderError -------
+rm -rf "$W/bad" && cp -r "$W/p" "$W/bad"
+expect_rc 0 "flip a payload byte of record 37 in the shard" $PY - "$W/bad/train/shard-00000/data.mdb" <<'PYEOF'
+import sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+starts = []
+i = data.find(b"NLRC")
+while i >= 0:
+    starts.append(i)
+    i = data.find(b"NLRC", i + 1)
+assert len(starts) == 200, len(starts)  # one record header per sample, in index order
+data[starts[37] + 32 + 1000] ^= 0xFF   # inside the payload: its CRC32C no longer matches
+open(path, "wb").write(bytes(data))
+PYEOF
+serve bad "$W/bad" --epochs 1 --seed 7
+expect_rc_stdout 0 "iteration raises LoaderError" $PY "$T/error_check.py" "$JOB-bad" "index 37"
+cp "$W/out" "$W/bad.out"
+served bad 1
+# The reason the producer printed is the reason the consumer was given.
+reason=$(sed -n 's/.*index 37: //p' "$W/serve-bad.log" | head -n 1)
+if [ -n "$reason" ] && grep -qF -- "$reason" "$W/bad.out"; then
+  ok "the LoaderError carries the producer's reason: $reason"
+else
+  fail "the producer's reason '$reason' is not in the consumer's error"
+  sed 's/^/    /' "$W/bad.out" "$W/serve-bad.log"
+fi
+serve bad2 "$W/bad" --epochs 1 --seed 7
+expect_rc 1 "python3 -m numa_loader.consume exits 1 on the producer's error" \
+  $PY -m numa_loader.consume --job-id "$JOB-bad2" --rank 0 --timeout 60
+expect_text "index 37" "its message names the record"
+served bad2 1
+
+# --- (e) the README's DDP loop, on CPU with Gloo, world size 1 ------------
+serve readme "$W/p" --epochs 1 --seed 7
+port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+expect_rc_stdout 0 "the README's DDP loop runs" env NL_JOB_ID="$JOB-readme" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" $PY "$T/readme_loop_check.py" "$T/../../../../README.md"
+expect_out "^README loop: 13 steps, .* 13 events synchronized" "13 steps, an event synchronized per batch"
+served readme 0
+
+finish
