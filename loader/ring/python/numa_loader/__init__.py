@@ -48,6 +48,7 @@ it. One Client is used by one thread at a time.
 import ctypes
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -167,6 +168,24 @@ def _load():
             fn.argtypes = argtypes
         _lib = lib
         return lib
+
+
+# The longest one C call may block. Python runs signal handlers only between
+# calls, so waits are made of slices this long and Ctrl-C is answered promptly.
+_WAIT_SLICE_S = 0.25
+
+
+def _wait(call, timeout_s):
+    """call(t) repeated with t <= _WAIT_SLICE_S while it returns NL_TIMEOUT, until
+    timeout_s has passed (timeout_s < 0: as long as it takes). Returns the last code."""
+    deadline = None if timeout_s < 0 else time.monotonic() + timeout_s
+    while True:
+        t = _WAIT_SLICE_S
+        if deadline is not None:
+            t = min(t, max(0.0, deadline - time.monotonic()))
+        rc = call(t)
+        if rc != NL_TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
+            return rc
 
 
 def _text(raw):
@@ -325,8 +344,9 @@ class Client:
         self.rank = int(rank)
         self.timeout_s = -1.0 if timeout_s is None else float(timeout_s)
         handle = ctypes.c_void_p()
-        rc = self._lib.nl_attach(self.job_id.encode(), self.rank, self.timeout_s,
-                                 ctypes.byref(handle))
+        job = self.job_id.encode()
+        rc = _wait(lambda t: self._lib.nl_attach(job, self.rank, t, ctypes.byref(handle)),
+                   self.timeout_s)
         if rc != NL_OK or not handle.value:
             msg = _text(self._lib.nl_attach_error())
             raise (LoaderTimeout if rc == NL_TIMEOUT else LoaderError)(msg)
@@ -354,7 +374,8 @@ class Client:
         if self._held is not None:
             self._held.release()
         raw = _NlBatch()
-        rc = self._lib.nl_next(self._handle, self.timeout_s, ctypes.byref(raw))
+        rc = _wait(lambda t: self._lib.nl_next(self._handle, t, ctypes.byref(raw)),
+                   self.timeout_s)
         if rc == NL_OK:
             self._held = Batch(self, raw)
             return self._held

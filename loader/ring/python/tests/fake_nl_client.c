@@ -2,19 +2,21 @@
  * Python binding's own logic (release order, events, errors) deterministically.
  * The job id picks the behaviour:
  *   "missing"     attach fails (NL_ERROR, text from nl_attach_error)
- *   "slow"        attach times out (NL_TIMEOUT)
+ *   "slow"        attach times out (NL_TIMEOUT, after waiting timeout_s)
  *   "error"       two batches, then NL_ERROR with a producer's text
- *   "stuck"       one batch, then NL_TIMEOUT
+ *   "stuck"       one batch, then NL_TIMEOUT (after waiting timeout_s, as a real client)
  *   contains "nhwc" / "float": that layout / dtype
  *   anything else 2 epochs of 3 batches of 4 (the last 2), 3x2x2 pixels, 2 slots.
  * Batch with sequence s (epoch e, batch b), sample i: pixel byte k of the batch
  * = (s * 7 + k) & 0xff (float32: the value s * 1000 + k), label e * 10 + b * 2 + i,
  * index s * 100 + i.
  * A released slot is overwritten with 0xEE bytes, as a producer refilling it would. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loader/ring/nl_client.h"
 
@@ -31,16 +33,24 @@ struct nl_client {
 
 static __thread char attach_error[256];
 
+/* Waits as a real client would before NL_TIMEOUT (timeout_s < 0: an hour). */
+static void pause_for(double timeout_s) {
+  if (timeout_s < 0) timeout_s = 3600;
+  struct timespec ts = {(time_t)timeout_s, (long)((timeout_s - (double)(time_t)timeout_s) * 1e9)};
+  while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+  }  /* a signal does not end it, as it does not end a condition-variable wait */
+}
+
 static size_t slot_bytes(const nl_client* c) { return kBatch * (c->info.sample_bytes + 16); }
 
 int nl_attach(const char* job_id, int rank, double timeout_s, nl_client** out) {
-  (void)timeout_s;
   *out = NULL;
   if (strcmp(job_id, "missing") == 0) {
     snprintf(attach_error, sizeof attach_error, "no producer for job 'missing' rank %d", rank);
     return NL_ERROR;
   }
   if (strcmp(job_id, "slow") == 0) {
+    pause_for(timeout_s);
     snprintf(attach_error, sizeof attach_error, "job 'slow' rank %d: no producer within %.1f s", rank, timeout_s);
     return NL_TIMEOUT;
   }
@@ -92,7 +102,6 @@ static void fill(nl_client* c, int slot, nl_batch* b) {
 }
 
 int nl_next(nl_client* c, double timeout_s, nl_batch* out) {
-  (void)timeout_s;
   if (strcmp(c->job, "error") == 0 && c->sequence == 2) {
     snprintf(c->error, sizeof c->error,
              "job 'error' rank %d: producer pid 4242 failed: split 'train', shard train/shard-00000, "
@@ -100,6 +109,7 @@ int nl_next(nl_client* c, double timeout_s, nl_batch* out) {
     return NL_ERROR;
   }
   if (strcmp(c->job, "stuck") == 0 && c->sequence == 1) {
+    pause_for(timeout_s);
     snprintf(c->error, sizeof c->error, "producer pid 4242 is alive but has sent nothing for %.1f s", timeout_s);
     return NL_TIMEOUT;
   }
