@@ -103,6 +103,7 @@ class _NlBatch(ctypes.Structure):
         ("epoch", ctypes.c_uint64),
         ("batch", ctypes.c_uint64),
         ("sequence", ctypes.c_uint64),
+        ("position", ctypes.c_uint64),
     ]
 
 
@@ -171,7 +172,9 @@ def _load():
 
 
 # The longest one C call may block. Python runs signal handlers only between
-# calls, so waits are made of slices this long and Ctrl-C is answered promptly.
+# calls, so waits for a batch are made of slices this long (the library counts
+# "sent nothing for N s" from the producer's last batch, so the report stays
+# true) and Ctrl-C is answered promptly.
 _WAIT_SLICE_S = 0.25
 
 
@@ -186,6 +189,41 @@ def _wait(call, timeout_s):
         rc = call(t)
         if rc != NL_TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
             return rc
+
+
+def _attach(lib, job, rank, timeout_s):
+    """nl_attach in a helper thread, so the caller's thread stays free for Ctrl-C
+    (nl_attach's wait for the producer cannot be cut into slices: it reports the
+    producer's absence as an error, not as a timeout). Returns (code, handle, text)."""
+    state = {"done": False, "abandoned": False}
+    lock = threading.Lock()
+
+    def run():
+        handle = ctypes.c_void_p()
+        try:
+            rc = lib.nl_attach(job, rank, timeout_s, ctypes.byref(handle))
+            text = _text(lib.nl_attach_error()) if rc != NL_OK else ""  # per thread: read it here
+        except Exception as e:  # noqa: BLE001 - carried to the caller's thread
+            rc, text = NL_ERROR, "nl_attach: %s" % e
+        with lock:
+            if state["abandoned"]:
+                if handle.value:
+                    lib.nl_detach(handle)
+                return
+            state.update(done=True, rc=rc, handle=handle, text=text)
+
+    t = threading.Thread(target=run, name="numa_loader attach", daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(_WAIT_SLICE_S)
+    except BaseException:  # KeyboardInterrupt: the thread detaches whatever it gets
+        with lock:
+            state["abandoned"] = True
+            if state["done"] and state["handle"].value:
+                lib.nl_detach(state["handle"])
+        raise
+    return state["rc"], state["handle"], state["text"]
 
 
 def _text(raw):
@@ -332,24 +370,22 @@ class Batch:
 class Client:
     """The consumer of rank `rank` of job `job_id` (see the module docstring).
 
-    timeout_s bounds the wait for the producer to appear and for each batch;
-    None (or a negative value) waits as long as the producer lives.
+    timeout_s bounds the wait for each batch (counted from the producer's last
+    batch) and, unless attach_timeout_s is given, the wait for the producer to
+    appear; None (or a negative value) waits as long as the producer lives.
     """
 
-    def __init__(self, job_id, rank, timeout_s=60.0):
+    def __init__(self, job_id, rank, timeout_s=60.0, attach_timeout_s=None):
         self._handle = None
         self._held = None
         self._lib = _load()
         self.job_id = str(job_id)
         self.rank = int(rank)
         self.timeout_s = -1.0 if timeout_s is None else float(timeout_s)
-        handle = ctypes.c_void_p()
-        job = self.job_id.encode()
-        rc = _wait(lambda t: self._lib.nl_attach(job, self.rank, t, ctypes.byref(handle)),
-                   self.timeout_s)
+        attach_s = self.timeout_s if attach_timeout_s is None else float(attach_timeout_s)
+        rc, handle, text = _attach(self._lib, self.job_id.encode(), self.rank, attach_s)
         if rc != NL_OK or not handle.value:
-            msg = _text(self._lib.nl_attach_error())
-            raise (LoaderTimeout if rc == NL_TIMEOUT else LoaderError)(msg)
+            raise (LoaderTimeout if rc == NL_TIMEOUT else LoaderError)(text)
         self._handle = handle
         raw = _NlInfo()
         rc = self._lib.nl_info_get(self._handle, ctypes.byref(raw))

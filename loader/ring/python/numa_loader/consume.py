@@ -1,18 +1,23 @@
 """python3 -m numa_loader.consume: the Python twin of `loader consume`.
 
-    python3 -m numa_loader.consume --job-id ID --rank R [--batches N] [--timeout S]
-                                   [--json] [--dump FILE]
+    python3 -m numa_loader.consume --job-id ID [--rank R] [--batches N] [--timeout S]
+        [--attach-timeout S] [--start-epoch E [--start-batch B]] [--json] [--dump FILE]
 
-Attaches to rank R of job ID, reads N batches (default: until the producer's
-end), checks each batch's metadata and reports throughput: one human line, or
-with --json one JSON object. --dump FILE writes, per batch in order, its pixel
-bytes, then its labels and then its indices (int64 little-endian), the same
-bytes as `loader consume --dump`. Exit status: 0 done, 1 an error (message on
-stderr), 2 the producer timed out.
+Attaches to rank R (default $RANK, else 0) of job ID, reads N batches
+(default, or 0: until the producer's end), checks each batch's metadata as
+`loader consume` does and reports throughput: one human line, or with --json
+one JSON object. --dump FILE writes, per batch in order, its pixel bytes, then
+its labels and then its indices (int64 little-endian): the same bytes as
+`loader consume --dump`. Exit status: 0 done (also at the producer's end
+before N batches), 1 an error (message on stderr), 2 the producer is alive
+but sent nothing for --timeout seconds, 128 + the signal after SIGINT or
+SIGTERM (the report is printed, the producer told).
 """
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 
@@ -20,168 +25,214 @@ import numpy as np
 
 from . import Client, LoaderError, LoaderTimeout
 
+PROG = "python3 -m numa_loader.consume"
+
 
 class MetadataError(Exception):
     pass
 
 
-class Checker:
-    """The order and bounds every producer must keep, batch after batch."""
+class Stopped(BaseException):
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
 
-    def __init__(self, info):
+
+class Checker:
+    """The metadata a consumer relies on, checked as `loader consume` checks it."""
+
+    def __init__(self, info, follow_position):
         self.info = info
+        self.follow_position = follow_position  # off after --start-epoch, as in loader consume
         self.prev = None
 
     def check(self, b):
-        where = "batch sequence %d (epoch %d, batch %d)" % (b.sequence, b.epoch, b.batch)
+        wrong = None
+        bpe = self.info.batches_per_epoch
         if self.prev is not None:
             pseq, pepoch, pbatch = self.prev
             if b.sequence != pseq + 1:
-                raise MetadataError("%s: sequence %d follows %d" % (where, b.sequence, pseq))
-            if b.epoch == pepoch:
-                if b.batch != pbatch + 1:
-                    raise MetadataError("%s: batch %d follows batch %d in epoch %d (want %d)"
-                                        % (where, b.batch, pbatch, pepoch, pbatch + 1))
-            elif b.epoch != pepoch + 1 or b.batch != 0:
-                raise MetadataError("%s follows epoch %d batch %d: an epoch changes only to "
-                                    "the next one, at batch 0" % (where, pepoch, pbatch))
-        bpe = self.info.batches_per_epoch
-        if bpe and b.batch >= bpe:
-            raise MetadataError("%s: batch %d is past the epoch's %d batches" % (where, b.batch, bpe))
-        if b.size < 1 or b.size > self.info.batch_size:
-            raise MetadataError("%s: size %d is outside 1..%d" % (where, b.size, self.info.batch_size))
-        labels = b.labels
-        if labels.size and int(labels.min()) < 0:
-            i = int(np.argmin(labels))
-            raise MetadataError("%s: sample %d has label %d" % (where, i, int(labels[i])))
+                wrong = "sequence does not follow"
+            if self.follow_position:
+                in_epoch = b.epoch == pepoch and b.batch == pbatch + 1
+                next_epoch = b.epoch == pepoch + 1 and b.batch == 0 and pbatch + 1 == bpe
+                if not in_epoch and not next_epoch:
+                    wrong = "position does not follow the previous batch"
+        if b.batch >= bpe:
+            wrong = "batch number past the epoch"
+        if b.size == 0 or b.size > self.info.batch_size:
+            wrong = "size out of range"
+        if b.size != self.info.batch_size and b.batch + 1 != bpe:
+            wrong = "a short batch that is not the epoch's last"
+        if wrong is None and b.size and int(b.labels.min()) < 0:
+            wrong = "negative label %d (sample %d)" % (int(b.labels.min()), int(np.argmin(b.labels)))
+        if wrong is None and b.size and int(b.indices.min()) < 0:
+            wrong = "negative sample index %d" % int(b.indices.min())
+        if wrong is not None:
+            prev = "epoch %d, batch %d" % self.prev[1:] if self.prev else "none"
+            raise MetadataError("batch %d (epoch %d, batch %d, %d samples): %s (previous: %s)"
+                                % (b.sequence, b.epoch, b.batch, b.size, wrong, prev))
         self.prev = (b.sequence, b.epoch, b.batch)
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # a usage error is an error: exit 1, as `loader consume`'s
+    def error(self, message):  # a usage error is an error: exit 1
         self.print_usage(sys.stderr)
         print("%s: error: %s" % (self.prog, message), file=sys.stderr)
         sys.exit(1)
 
 
 def parse_args(argv):
-    p = _Parser(prog="python3 -m numa_loader.consume",
-                                description="Read batches from a `loader serve` ring, check "
-                                            "them and report throughput.")
-    p.add_argument("--job-id", required=True, help="the job id given to `loader serve`")
-    p.add_argument("--rank", type=int, required=True, help="the rank to attach to")
-    p.add_argument("--batches", type=int, default=None,
-                   help="batches to read (default: until the producer's end)")
+    p = _Parser(prog=PROG, description="Attach to a rank's loader service, read and check "
+                                       "batches, report throughput (the twin of loader consume).")
+    p.add_argument("--job-id", required=True, help="job id of the loader serve")
+    p.add_argument("--rank", type=int, default=None, help="rank (default: $RANK, else 0)")
+    p.add_argument("--batches", type=int, default=0,
+                   help="batches to read (default, or 0: until the producer's end)")
     p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds to wait for the producer and for each batch (default 60)")
+                   help="seconds to wait for a batch before reporting the producer stuck (60)")
+    p.add_argument("--attach-timeout", type=float, default=30.0,
+                   help="seconds to wait for the producer to appear (30)")
+    p.add_argument("--start-epoch", type=int, default=-1, help="ask for batches from this epoch on")
+    p.add_argument("--start-batch", type=int, default=0, help="... and this batch of it")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dump", metavar="FILE",
-                   help="write each batch's pixels, labels and indices (int64 LE) to FILE")
+                   help="write each batch's pixels, labels and indices (int64 LE), in order, to FILE")
     a = p.parse_args(argv)
-    if a.batches is not None and a.batches < 1:
-        p.error("--batches must be at least 1, not %d" % a.batches)
+    if a.rank is None:
+        env = os.environ.get("RANK", "")
+        try:
+            a.rank = int(env) if env else 0
+        except ValueError:
+            p.error("the environment variable RANK is %r, not a number" % env)
     if a.rank < 0:
         p.error("--rank must be 0 or more, not %d" % a.rank)
-    if not a.timeout > 0:
-        p.error("--timeout must be more than 0 seconds")
+    if a.batches < 0:
+        p.error("--batches must be 0 or more, not %d" % a.batches)
+    for flag, v in (("--timeout", a.timeout), ("--attach-timeout", a.attach_timeout)):
+        if not 0 <= v <= 1e7:
+            p.error("%s must be 0..1e7 seconds, not %g" % (flag, v))
+    if a.start_batch < 0 or (a.start_batch and a.start_epoch < 0):
+        p.error("--start-batch takes a non-negative batch, with --start-epoch")
     return a
 
 
-def consume(a, out):
-    stats = {"batches": 0, "images": 0, "in_calls": 0.0, "epochs": set(),
-             "first": None, "last": None}
-    with Client(a.job_id, a.rank, timeout_s=a.timeout) as client:
-        checker = Checker(client.info)
-        it = iter(client)
+class Stats:
+    def __init__(self):
+        self.batches = self.images = 0
+        self.in_calls = 0.0  # seconds inside next + release
+        self.seconds = 0.0
+        self.epochs = set()
+        self.first = self.last = (0, 0)
+        self.end = ""
+        self.producer_pid = 0
+
+
+def consume(a, out, st):
+    with Client(a.job_id, a.rank, timeout_s=a.timeout, attach_timeout_s=a.attach_timeout) as client:
+        st.producer_pid = client.info.producer_pid
+        if a.start_epoch >= 0:
+            client.seek(a.start_epoch, a.start_batch)
+        checker = Checker(client.info, follow_position=a.start_epoch < 0)
         b = None
         start = time.perf_counter()
-        while a.batches is None or stats["batches"] < a.batches:
-            t0 = time.perf_counter()
-            try:
-                b = next(it)  # releases the previous batch, then takes this one
-            except StopIteration:
-                break
-            stats["in_calls"] += time.perf_counter() - t0
-            checker.check(b)
-            if out is not None:
-                out.write(b.pixels.data)
-                out.write(b.labels.astype("<i8", copy=False).data)
-                out.write(b.indices.astype("<i8", copy=False).data)
-            stats["batches"] += 1
-            stats["images"] += b.size
-            stats["epochs"].add(b.epoch)
-            stats["first"] = stats["first"] or (b.epoch, b.batch)
-            stats["last"] = (b.epoch, b.batch)
-        if b is not None and not b.released:  # the last release is the consumer's cost too
-            t0 = time.perf_counter()
-            b.release()
-            stats["in_calls"] += time.perf_counter() - t0
-        stats["seconds"] = time.perf_counter() - start
-    if a.batches is not None and stats["batches"] < a.batches:
-        raise LoaderError("the producer of job %r rank %d ended after %d batches; %d were asked "
-                          "for" % (a.job_id, a.rank, stats["batches"], a.batches))
-    return stats
+        try:
+            while a.batches == 0 or st.batches < a.batches:
+                t0 = time.perf_counter()
+                try:
+                    b = next(client)  # releases the previous batch, then takes this one
+                except StopIteration:
+                    st.end = "the producer's last epoch is out"
+                    break
+                finally:
+                    st.in_calls += time.perf_counter() - t0
+                checker.check(b)
+                if out is not None:
+                    out.write(b.pixels.data)
+                    out.write(b.labels.astype("<i8", copy=False).data)
+                    out.write(b.indices.astype("<i8", copy=False).data)
+                if st.batches == 0:
+                    st.first = (b.epoch, b.batch)
+                st.last = (b.epoch, b.batch)
+                st.epochs.add(b.epoch)
+                st.batches += 1
+                st.images += b.size
+            if b is not None and not b.released:  # the last release is the consumer's cost too
+                t0 = time.perf_counter()
+                b.release()
+                st.in_calls += time.perf_counter() - t0
+        finally:
+            st.seconds = time.perf_counter() - start
 
 
-def report(a, s):
-    secs = s["seconds"]
-    n = s["batches"]
-    first = s["first"] or (None, None)
-    last = s["last"] or (None, None)
+def report(a, st):
+    n, secs = st.batches, st.seconds
     r = {
         "job_id": a.job_id,
         "rank": a.rank,
         "batches": n,
-        "images": s["images"],
+        "images": st.images,
         "seconds": secs,
-        "images_per_s": s["images"] / secs if secs > 0 else 0.0,
+        "images_per_s": st.images / secs if secs > 0 else 0.0,
         "batches_per_s": n / secs if secs > 0 else 0.0,
-        "per_batch_us": s["in_calls"] * 1e6 / n if n else 0.0,
-        "first_epoch": first[0],
-        "first_batch": first[1],
-        "last_epoch": last[0],
-        "last_batch": last[1],
-        "epochs": sorted(s["epochs"]),
+        "per_batch_us": st.in_calls * 1e6 / n if n else 0.0,
+        "first_epoch": st.first[0],
+        "first_batch": st.first[1],
+        "last_epoch": st.last[0],
+        "last_batch": st.last[1],
+        "epochs": sorted(st.epochs),
+        "producer_pid": st.producer_pid,
     }
+    if st.end:
+        r["end"] = st.end
     if a.json:
         return json.dumps(r)
-    span = ("epoch %d batch %d to epoch %d batch %d" % (first + last)) if n else "no batches"
-    return ("job %s rank %d: %d batches, %d images in %.3f s: %.0f images/s, %.1f batches/s, "
-            "%.1f us per batch in next+release; %s" % (
-                a.job_id, a.rank, n, r["images"], secs, r["images_per_s"], r["batches_per_s"],
-                r["per_batch_us"], span))
+    return ("consumed %d batches (%d images) of job %s, rank %d in %.2f s: %.0f images/s, "
+            "%.1f batches/s; next+release cost %.1f us per batch%s" % (
+                n, st.images, a.job_id, a.rank, secs, r["images_per_s"], r["batches_per_s"],
+                r["per_batch_us"], "; " + st.end if st.end else ""))
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
 
 
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    st = Stats()
+    rc = 0
     out = None
     try:
         if a.dump:
             try:
                 out = open(a.dump, "wb")
             except OSError as e:
-                raise LoaderError("cannot write --dump %s: %s" % (a.dump, e.strerror)) from None
-        stats = consume(a, out)
-        if out is not None:
-            out.close()
-            out = None
+                raise LoaderError("opening --dump %s: %s" % (a.dump, e.strerror)) from None
+        consume(a, out, st)
+    except Stopped as s:
+        st.end = "stopped by " + signal.Signals(s.signum).name
+        rc = 128 + s.signum
     except LoaderTimeout as e:
-        print("python3 -m numa_loader.consume: %s" % e, file=sys.stderr)
-        return 2
+        print("%s: error: %s" % (PROG, e), file=sys.stderr)
+        rc = 2
     except (LoaderError, MetadataError) as e:
-        print("python3 -m numa_loader.consume: %s" % e, file=sys.stderr)
-        return 1
-    except OSError as e:
-        print("python3 -m numa_loader.consume: --dump %s: %s" % (a.dump, e), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("python3 -m numa_loader.consume: interrupted", file=sys.stderr)
-        return 130
+        print("%s: error: %s" % (PROG, e), file=sys.stderr)
+        rc = 1
+    except OSError as e:  # writing the dump
+        print("%s: error: writing --dump %s failed: %s" % (PROG, a.dump, e), file=sys.stderr)
+        rc = 1
     finally:
         if out is not None:
-            out.close()
-    print(report(a, stats))
-    return 0
+            try:
+                out.close()
+            except OSError as e:
+                print("%s: error: writing --dump %s failed: %s" % (PROG, a.dump, e), file=sys.stderr)
+                rc = rc or 1
+    if rc in (0, 128 + signal.SIGINT, 128 + signal.SIGTERM):
+        print(report(a, st))
+    return rc
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ Usage: binding_test.py FAKE_LIB PYTHON_DIR
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 fake_lib, pydir = sys.argv[1], sys.argv[2]
 os.environ["NUMA_LOADER_LIB"] = fake_lib
@@ -193,6 +195,26 @@ except subprocess.TimeoutExpired:
 expect(first == "waiting\n" and rest == "interrupted\n" and p.returncode == 0,
        "SIGINT during an unbounded wait raises KeyboardInterrupt (%r %r, exit %s)" % (first, rest, p.returncode))
 
+# ... and while waiting for a producer to appear (nl_attach runs in a helper thread).
+script = ("import numa_loader, sys\n"
+          "print('attaching', flush=True)\n"
+          "try:\n"
+          "    numa_loader.Client('slow', 0, timeout_s=None)\n"
+          "except KeyboardInterrupt:\n"
+          "    print('interrupted', flush=True)\n")
+p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                     env=dict(os.environ, PYTHONPATH=pydir))
+first = p.stdout.readline()
+time.sleep(0.5)  # (only so that the signal tends to land inside the wait; either way it must work)
+p.send_signal(signal.SIGINT)
+try:
+    rest, _ = p.communicate(timeout=60)  # a hang guard, not a timing check
+except subprocess.TimeoutExpired:
+    p.kill()
+    rest, _ = p.communicate()
+expect(first == "attaching\n" and rest == "interrupted\n" and p.returncode == 0,
+       "SIGINT while attaching raises KeyboardInterrupt (%r %r, exit %s)" % (first, rest, p.returncode))
+
 # --- torch ---------------------------------------------------------------
 try:
     import torch
@@ -240,20 +262,32 @@ with tempfile.TemporaryDirectory() as d:
     expect(open(d + "/dump", "rb").read() == want, "--dump: pixels, labels, indices per batch")
 
     r = consume("--job-id", "plain", "--rank", "0", "--batches", "4")
-    expect(r.returncode == 0 and r.stdout.startswith("job plain rank 0: 4 batches, 14 images in ")
-           and r.stdout.rstrip().endswith("epoch 0 batch 0 to epoch 1 batch 0"),
-           "human line: %s" % r.stdout.strip())
-    r = consume("--job-id", "plain", "--rank", "0", "--batches", "7")
-    expect(r.returncode == 1 and "ended after 6 batches; 7 were asked for" in r.stderr,
-           "--batches past the end: exit 1: %s" % r.stderr.strip())
+    expect(r.returncode == 0 and re.fullmatch(
+        r"consumed 4 batches \(14 images\) of job plain, rank 0 in [0-9.]+ s: [0-9]+ images/s, "
+        r"[0-9.]+ batches/s; next\+release cost [0-9.]+ us per batch\n", r.stdout),
+        "human line: %s" % r.stdout.strip())
+    r = consume("--job-id", "plain", "--batches", "7", "--json")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    expect(j.get("batches") == 6 and j.get("end") == "the producer's last epoch is out" and
+           j.get("producer_pid") == 4242, "--batches past the end: exit 0, 6 batches and why")
+    r = consume("--job-id", "plain", "--start-epoch", "1", "--start-batch", "1", "--json")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    expect((j.get("batches"), j.get("first_epoch"), j.get("first_batch")) == (2, 1, 1),
+           "--start-epoch 1 --start-batch 1: 2 batches from (1, 1): %s" % r.stdout.strip())
     r = consume("--job-id", "error", "--rank", "0")
-    expect(r.returncode == 1 and "payload CRC32C mismatch" in r.stderr, "producer error: exit 1")
+    expect(r.returncode == 1 and "payload CRC32C mismatch" in r.stderr and r.stdout == "",
+           "producer error: exit 1, the reason on stderr")
     r = consume("--job-id", "stuck", "--rank", "0", "--timeout", "1")
     expect(r.returncode == 2 and "alive but" in r.stderr, "timeout: exit 2")
+    r = consume("--job-id", "missing", "--rank", "1")
+    expect(r.returncode == 1 and "no producer for job 'missing' rank 1" in r.stderr, "no producer: exit 1")
     r = consume("--job-id", "plain", "--rank", "0", "--dump", d + "/no/such/dir/f")
-    expect(r.returncode == 1 and "cannot write --dump" in r.stderr, "unwritable --dump: exit 1")
-    r = consume("--job-id", "plain", "--rank", "0", "--batches", "0")
-    expect(r.returncode == 1 and "--batches must be at least 1" in r.stderr, "--batches 0 is refused")
+    expect(r.returncode == 1 and "opening --dump" in r.stderr, "unwritable --dump: exit 1")
+    r = consume("--job-id", "plain", "--rank", "0", "--batches", "-1")
+    expect(r.returncode == 1 and "--batches must be 0 or more" in r.stderr, "--batches -1 is refused")
+    r = subprocess.run([sys.executable, "-m", "numa_loader.consume", "--job-id", "plain", "--json"],
+                       env=dict(os.environ, PYTHONPATH=pydir, RANK="3"), capture_output=True, text=True)
+    expect(r.returncode == 0 and json.loads(r.stdout)["rank"] == 3, "the rank defaults to $RANK")
 
 print("%d passed, %d failed" % (passes, failures))
 sys.exit(1 if failures else 0)

@@ -130,6 +130,7 @@ int nl_next(nl_client* c, double timeout_s, nl_batch* out) {
   out->epoch = c->epoch;
   out->batch = c->batch;
   out->sequence = c->sequence++;
+  out->position = out->sequence * 3 + 1;
   out->size = c->batch == kPerEpoch - 1 ? 2 : kBatch;
   fill(c, slot, out);
   if (++c->batch == kPerEpoch) {
@@ -140,7 +141,8 @@ int nl_next(nl_client* c, double timeout_s, nl_batch* out) {
 }
 
 int nl_release(nl_client* c, const nl_batch* b) {
-  if (b->slot >= kSlots || !c->held[b->slot] || b->pixels != c->slot_mem[b->slot]) {
+  if (b->slot >= kSlots || !c->held[b->slot] || b->pixels != c->slot_mem[b->slot] ||
+      b->position != b->sequence * 3 + 1) {
     snprintf(c->error, sizeof c->error, "release of slot %u, which is not held", b->slot);
     return NL_ERROR;
   }

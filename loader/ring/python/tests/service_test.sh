@@ -79,7 +79,7 @@ expect_rc 0 "the dump holds 400 images, labels and indices" \
 serve some "$W/p" --seed 7
 expect_rc_stdout 0 "consume --batches 15 from an unbounded producer" \
   $PY -m numa_loader.consume --job-id "$JOB-some" --rank 0 --batches 15
-expect_out "^job $JOB-some rank 0: 15 batches, 232 images in .* us per batch in next\+release; epoch 0 batch 0 to epoch 1 batch 1\$" \
+expect_out "^consumed 15 batches \(232 images\) of job $JOB-some, rank 0 in .* us per batch\$" \
   "the human line: 13 + 2 batches"
 served some 0
 
