@@ -97,6 +97,7 @@ int nl_next(nl_client* c, double timeout_s, nl_batch* out) {
     out->batch = b->batch;
     out->sequence = b->sequence;
     out->position = b->position;
+    out->wait_s = b->wait_s;
     return NL_OK;
   } catch (const std::exception& e) {
     return Fail(c, nl::Status::Internal(e.what()));

@@ -75,6 +75,7 @@ typedef struct nl_batch {
   uint64_t epoch, batch;   /* position: batch number within its epoch */
   uint64_t sequence;       /* 0, 1, ... over this client's batches */
   uint64_t position;       /* the ring's publication number (nl_release checks it) */
+  double wait_s;           /* seconds nl_next waited for the producer (not the ring's own cost) */
 } nl_batch;
 
 /* Attaches to job `job_id`'s rank `rank`, waiting up to timeout_s for the

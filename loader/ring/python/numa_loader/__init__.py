@@ -13,8 +13,9 @@ with whole batches; `Client(J, R)` attaches to it through libnl_client.so
 Each batch has `.pixels` (uint8, or float32 with `loader serve --normalize`;
 [B, C, H, W] for NCHW, [B, H, W, C] for NHWC, C = 3), `.labels` and
 `.indices` (int64 [B]), `.epoch`, `.batch` (within its epoch), `.sequence`
-(0, 1, ... over this client's batches) and `.size` (B; an epoch's last batch
-may be short).
+(0, 1, ... over this client's batches), `.size` (B; an epoch's last batch
+may be short) and `.wait_s` (seconds the client waited for the producer to
+publish it: the loader's share of a step's data time).
 
 Lifetime rule: a batch's arrays stay valid until the iterator is asked for the
 next batch (it releases the previous one then) or batch.release()/client.close().
@@ -104,6 +105,7 @@ class _NlBatch(ctypes.Structure):
         ("batch", ctypes.c_uint64),
         ("sequence", ctypes.c_uint64),
         ("position", ctypes.c_uint64),
+        ("wait_s", ctypes.c_double),
     ]
 
 
@@ -180,15 +182,19 @@ _WAIT_SLICE_S = 0.25
 
 def _wait(call, timeout_s):
     """call(t) repeated with t <= _WAIT_SLICE_S while it returns NL_TIMEOUT, until
-    timeout_s has passed (timeout_s < 0: as long as it takes). Returns the last code."""
+    timeout_s has passed (timeout_s < 0: as long as it takes). Returns the last
+    code and the seconds spent in calls that timed out."""
     deadline = None if timeout_s < 0 else time.monotonic() + timeout_s
+    waited = 0.0
     while True:
         t = _WAIT_SLICE_S
         if deadline is not None:
             t = min(t, max(0.0, deadline - time.monotonic()))
+        t0 = time.monotonic()
         rc = call(t)
         if rc != NL_TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
-            return rc
+            return rc, waited
+        waited += time.monotonic() - t0
 
 
 def _attach(lib, job, rank, timeout_s):
@@ -288,12 +294,13 @@ def _view(addr, count, dtype, shape):
 class Batch:
     """One batch, viewing its ring slot until released (see the module's lifetime rule)."""
 
-    __slots__ = ("epoch", "batch", "sequence", "size", "slot", "_raw", "_client", "_event",
-                 "_arrays", "_released")
+    __slots__ = ("epoch", "batch", "sequence", "size", "slot", "wait_s", "_raw", "_client",
+                 "_event", "_arrays", "_released")
 
-    def __init__(self, client, raw):
+    def __init__(self, client, raw, wait_s):
         self._client = client
         self._raw = raw
+        self.wait_s = wait_s  # seconds the client waited for the producer to publish it
         self.epoch = raw.epoch
         self.batch = raw.batch
         self.sequence = raw.sequence
@@ -410,10 +417,10 @@ class Client:
         if self._held is not None:
             self._held.release()
         raw = _NlBatch()
-        rc = _wait(lambda t: self._lib.nl_next(self._handle, t, ctypes.byref(raw)),
-                   self.timeout_s)
+        rc, waited = _wait(lambda t: self._lib.nl_next(self._handle, t, ctypes.byref(raw)),
+                           self.timeout_s)
         if rc == NL_OK:
-            self._held = Batch(self, raw)
+            self._held = Batch(self, raw, waited + raw.wait_s)
             return self._held
         if rc == NL_END:
             raise StopIteration

@@ -177,8 +177,8 @@ with Client("stuck", 0, timeout_s=2) as c:
 script = ("import numa_loader, sys\n"
           "c = numa_loader.Client('stuck', 0, timeout_s=None)\n"
           "next(c)\n"
-          "print('waiting', flush=True)\n"
           "try:\n"
+          "    print('waiting', flush=True)\n"
           "    next(c)\n"
           "except KeyboardInterrupt:\n"
           "    c.close()\n"
@@ -197,8 +197,8 @@ expect(first == "waiting\n" and rest == "interrupted\n" and p.returncode == 0,
 
 # ... and while waiting for a producer to appear (nl_attach runs in a helper thread).
 script = ("import numa_loader, sys\n"
-          "print('attaching', flush=True)\n"
           "try:\n"
+          "    print('attaching', flush=True)\n"
           "    numa_loader.Client('slow', 0, timeout_s=None)\n"
           "except KeyboardInterrupt:\n"
           "    print('interrupted', flush=True)\n")
@@ -275,8 +275,9 @@ with tempfile.TemporaryDirectory() as d:
     expect((j.get("batches"), j.get("first_epoch"), j.get("first_batch")) == (2, 1, 1),
            "--start-epoch 1 --start-batch 1: 2 batches from (1, 1): %s" % r.stdout.strip())
     r = consume("--job-id", "error", "--rank", "0")
-    expect(r.returncode == 1 and "payload CRC32C mismatch" in r.stderr and r.stdout == "",
-           "producer error: exit 1, the reason on stderr")
+    expect(r.returncode == 1 and "payload CRC32C mismatch" in r.stderr and
+           r.stdout.startswith("consumed 2 batches (8 images) of job error"),
+           "producer error: exit 1, the reason on stderr, the report on stdout")
     r = consume("--job-id", "stuck", "--rank", "0", "--timeout", "1")
     expect(r.returncode == 2 and "alive but" in r.stderr, "timeout: exit 2")
     r = consume("--job-id", "missing", "--rank", "1")

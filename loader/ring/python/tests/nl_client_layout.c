@@ -19,6 +19,7 @@ int main(void) {
   FIELD(nl_batch, pixels); FIELD(nl_batch, labels); FIELD(nl_batch, indices); FIELD(nl_batch, size);
   FIELD(nl_batch, slot); FIELD(nl_batch, epoch); FIELD(nl_batch, batch); FIELD(nl_batch, sequence);
   FIELD(nl_batch, position);
+  FIELD(nl_batch, wait_s);
   printf("}}, \"constants\": {\"NL_OK\": %d, \"NL_END\": %d, \"NL_TIMEOUT\": %d, \"NL_ERROR\": %d, "
          "\"NL_DTYPE_UINT8\": %d, \"NL_DTYPE_FLOAT32\": %d, \"NL_LAYOUT_NCHW\": %d, \"NL_LAYOUT_NHWC\": %d}}\n",
          NL_OK, NL_END, NL_TIMEOUT, NL_ERROR, NL_DTYPE_UINT8, NL_DTYPE_FLOAT32, NL_LAYOUT_NCHW,
