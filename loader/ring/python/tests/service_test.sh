@@ -75,6 +75,34 @@ PYEOF
 expect_rc 0 "the dump holds 400 images, labels and indices" \
   test "$(stat -c %s "$W/py.dump")" -eq $((400 * 3072 + 400 * 16))
 
+# NHWC float32 (--layout nhwc --normalize): the same bytes, and the arrays' shape and dtype
+serve cppf "$W/p" --epochs 1 --seed 3 --layout nhwc --normalize
+expect_rc 0 "loader consume --dump (NHWC float32)" \
+  "$LOADER" consume --job-id "$JOB-cppf" --rank 0 --timeout 60 --dump "$W/cppf.dump"
+served cppf 0
+serve pyf "$W/p" --epochs 1 --seed 3 --layout nhwc --normalize
+expect_rc 0 "python3 -m numa_loader.consume --dump (NHWC float32)" \
+  $PY -m numa_loader.consume --job-id "$JOB-pyf" --rank 0 --timeout 60 --dump "$W/pyf.dump"
+served pyf 0
+if cmp -s "$W/cppf.dump" "$W/pyf.dump" && [ "$(stat -c %s "$W/pyf.dump")" -eq $((200 * 3072 * 4 + 200 * 16)) ]; then
+  ok "NHWC float32 dumps are equal byte for byte"
+else
+  fail "NHWC float32 dumps differ: $(cmp "$W/cppf.dump" "$W/pyf.dump" 2>&1)"
+fi
+serve shape "$W/p" --epochs 1 --seed 3 --layout nhwc --normalize
+expect_rc 0 "NHWC float32: pixels are float32 [B, 32, 32, 3]" $PY - "$JOB-shape" <<'PYEOF'
+import sys, numa_loader
+with numa_loader.Client(sys.argv[1], 0) as c:
+    assert (c.info.layout, c.info.dtype.name) == ("NHWC", "float32"), c.info
+    sizes = []
+    for b in c:
+        assert b.pixels.shape == (b.size, 32, 32, 3) and b.pixels.dtype.name == "float32", b.pixels.shape
+        assert b.labels.shape == b.indices.shape == (b.size,)
+        sizes.append(b.size)
+assert sizes == [16] * 12 + [8], sizes
+PYEOF
+served shape 0
+
 # --batches N across an epoch boundary of an unbounded producer, human output
 serve some "$W/p" --seed 7
 expect_rc_stdout 0 "consume --batches 15 from an unbounded producer" \
