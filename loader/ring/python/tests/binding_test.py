@@ -235,6 +235,14 @@ r = subprocess.run([sys.executable, "-c", "import numa_loader; numa_loader.Clien
 expect(r.returncode == 1 and "LoaderError: cannot find libnl_client.so at /nonexistent/libnl_client.so "
        "(from NUMA_LOADER_LIB)" in r.stderr, "a missing library is named: %s" % r.stderr.strip()[-200:])
 expect(numa_loader.library_path() == fake_lib, "NUMA_LOADER_LIB overrides _build.py")
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")  # the source tree: no _build.py
+env = dict(os.environ, PYTHONPATH=src)
+env.pop("NUMA_LOADER_LIB")
+r = subprocess.run([sys.executable, "-c", "import numa_loader; numa_loader.Client('x', 0)"], env=env,
+                   capture_output=True, text=True)
+expect(r.returncode == 1 and "cannot find libnl_client.so: NUMA_LOADER_LIB is not set and " in r.stderr
+       and "_build.py is missing (use the package the build lays out, PYTHONPATH=<build>/python"
+       in r.stderr, "the package from the source tree says where to look: %s" % r.stderr.strip()[-160:])
 
 # --- python3 -m numa_loader.consume ----------------------------------------
 def consume(*args):
