@@ -11,6 +11,7 @@
  * = (s * 7 + k) & 0xff (float32: the value s * 1000 + k), label e * 10 + b * 2 + i,
  * index s * 100 + i.
  * A released slot is overwritten with 0xEE bytes, as a producer refilling it would. */
+#define _POSIX_C_SOURCE 200809L  /* nanosleep */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
