@@ -1,6 +1,7 @@
 // loader: the loader's command line. `loader topo` shows the machine's
-// GPU/NUMA/CPU map and the binding plan (more subcommands come with the
-// pipeline: serve, preview).
+// GPU/NUMA/CPU map and the binding plan; `loader preview` writes the exact
+// images a batch holds; `loader serve` and `loader consume` are the two
+// ends of a rank's shared-memory ring.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "formats/parse_number.h"
 #include "formats/shard.h"
 #include "loader/cli/cli_options.h"
+#include "loader/cli/serve_consume.h"
 #include "loader/pipeline/sample_path.h"
 #include "loader/plan/binding.h"
 #include "loader/plan/gpu_order.h"
@@ -317,8 +319,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   nl::AddTransformOptions(preview, &pv.transform, &pv.flags);
 
+  nl::ServeArgs serve_args;
+  auto* serve = nl::AddServe(&app, &serve_args);
+  nl::ConsumeArgs consume_args;
+  auto* consume = nl::AddConsume(&app, &consume_args);
   CLI11_PARSE(app, argc, argv);
   if (topo->parsed()) return Topo(t);
+  if (serve->parsed()) return nl::RunServe(serve_args);
+  if (consume->parsed()) return nl::RunConsume(consume_args);
   if (preview->parsed()) {
     const nl::Status st = Preview(pv);
     return st.ok() ? 0 : Fail(st);

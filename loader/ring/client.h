@@ -31,6 +31,7 @@ struct RingBatch {
   uint64_t epoch = 0, batch = 0;
   uint64_t sequence = 0;  // 0, 1, ... over this client's batches
   uint64_t position = 0;  // the ring's publication number (identifies the slot's use)
+  double wait_s = 0;      // time Next() spent waiting for the producer (not ring cost)
 };
 
 struct RingInfo {

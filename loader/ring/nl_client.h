@@ -30,6 +30,12 @@
 
 #include <stdint.h>
 
+#if defined(NL_CLIENT_BUILD)
+#define NL_CLIENT_API __attribute__((visibility("default")))
+#else
+#define NL_CLIENT_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -68,33 +74,34 @@ typedef struct nl_batch {
   uint32_t slot;
   uint64_t epoch, batch;   /* position: batch number within its epoch */
   uint64_t sequence;       /* 0, 1, ... over this client's batches */
+  uint64_t position;       /* the ring's publication number (nl_release checks it) */
 } nl_batch;
 
 /* Attaches to job `job_id`'s rank `rank`, waiting up to timeout_s for the
  * producer to appear. The producer's uid must be ours; the segment's magic,
  * version and geometry are checked. */
-int nl_attach(const char* job_id, int rank, double timeout_s, nl_client** out);
-const char* nl_attach_error(void);
+NL_CLIENT_API int nl_attach(const char* job_id, int rank, double timeout_s, nl_client** out);
+NL_CLIENT_API const char* nl_attach_error(void);
 
-int nl_info_get(const nl_client* c, nl_info* out);
+NL_CLIENT_API int nl_info_get(const nl_client* c, nl_info* out);
 
 /* The next batch in order. timeout_s < 0 waits as long as the producer is
  * alive. A producer's failure or death is reported (NL_ERROR) within about
  * a second; batches it published before are delivered first. */
-int nl_next(nl_client* c, double timeout_s, nl_batch* out);
-int nl_release(nl_client* c, const nl_batch* b);
+NL_CLIENT_API int nl_next(nl_client* c, double timeout_s, nl_batch* out);
+NL_CLIENT_API int nl_release(nl_client* c, const nl_batch* b);
 
 /* Asks for batches from (epoch, batch) on, like DistributedSampler.set_epoch
  * (batch 0) or a resume mid-epoch. Only with no batch held. Batches already
  * published for the old position are dropped; the next nl_next() returns
  * the requested position. */
-int nl_seek(nl_client* c, uint64_t epoch, uint64_t batch);
+NL_CLIENT_API int nl_seek(nl_client* c, uint64_t epoch, uint64_t batch);
 
-const char* nl_last_error(const nl_client* c);
+NL_CLIENT_API const char* nl_last_error(const nl_client* c);
 
 /* Says goodbye to the producer (it exits cleanly) and unmaps the ring.
  * Any held batch's pointers become invalid. NULL is ignored. */
-void nl_detach(nl_client* c);
+NL_CLIENT_API void nl_detach(nl_client* c);
 
 #ifdef __cplusplus
 }

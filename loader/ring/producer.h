@@ -37,6 +37,7 @@ struct RingSpec {
   uint64_t batches_per_epoch = 0;
   uint64_t epochs = 0;  // 0: unbounded
   uint64_t first_epoch = 0;
+  uint64_t first_batch = 0;
   // Where refusals and warnings go (one line each); stderr when empty.
   std::function<void(const std::string&)> log;
 };

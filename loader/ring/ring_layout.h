@@ -85,8 +85,8 @@ struct SlotHeader {
 
 struct Control {
   boost::interprocess::interprocess_mutex mutex;
-  boost::interprocess::interprocess_condition published;  // producer -> consumer
-  boost::interprocess::interprocess_condition freed;      // consumer -> producer
+  boost::interprocess::interprocess_condition on_publish;  // producer -> consumer
+  boost::interprocess::interprocess_condition on_free;     // consumer -> producer: freed, seek
   // Guarded by mutex:
   uint32_t state = 0;          // ProducerState
   uint32_t activity = 0;       // Activity
@@ -112,6 +112,7 @@ struct Header {
   uint64_t batches_per_epoch = 0;
   uint64_t epochs = 0;        // 0: unbounded
   uint64_t first_epoch = 0;
+  uint64_t first_batch = 0;   // where the producer starts before any seek
   char job_id[kJobIdMax + 1] = {};
   alignas(64) Control control;
   char error[kErrorBytes] = {};
