@@ -231,6 +231,7 @@ TEST_F(StagingTest, TheProducersErrorTextReachesTheCaller) {
   }
   auto failed = stager_->Next(30.0);
   ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable) << failed.status().ToString();
   EXPECT_NE(failed.status().message().find(plan.error_text), std::string::npos)
       << failed.status().ToString();
   EXPECT_EQ(producer_->Wait(30.0), 3);
