@@ -40,8 +40,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 nl::Status CudaCheck(cudaError_t rc, const char* call) {
   if (rc == cudaSuccess) return nl::Status::Ok();
-  return nl::Status::Internal(std::string("staging_bench: ") + call + ": " +
-                              cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc));
+  return nl::Status::Internal(std::string("staging_bench: ") + call + ": " + cudaGetErrorName(rc) +
+                              ": " + cudaGetErrorString(rc));
 }
 
 // The ring's producer side, on its own thread: publishes `count` batches of
@@ -54,10 +54,9 @@ class BenchProducer {
     spec.job_id = job_id;
     spec.batches_per_epoch = count;
     spec.epochs = 1;
-    NL_ASSIGN_OR_RETURN(spec.geometry,
-                        nl::ring::MakeGeometry(a.slots, a.batch, a.height, a.width,
-                                               nl::ring::Dtype::kUint8,
-                                               nl::ring::PixelLayout::kNCHW));
+    NL_ASSIGN_OR_RETURN(spec.geometry, nl::ring::MakeGeometry(a.slots, a.batch, a.height, a.width,
+                                                              nl::ring::Dtype::kUint8,
+                                                              nl::ring::PixelLayout::kNCHW));
     std::unique_ptr<BenchProducer> p(new BenchProducer);
     NL_ASSIGN_OR_RETURN(p->ring_, nl::RingProducer::Create(spec));
     const uint64_t pixel_bytes = uint64_t{a.batch} * spec.geometry.sample_bytes;
@@ -117,11 +116,13 @@ nl::Result<double> PinnedMemcpyGBps(const Args& a) {
   std::unique_ptr<void, void (*)(void*)> dev_owner(dev, [](void* p) { (void)cudaFree(p); });
   std::memset(host, 1, bytes);
   for (uint32_t i = 0; i < a.warmup; ++i) {
-    NL_RETURN_IF_ERROR(CudaCheck(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+    NL_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
   }
   const auto t0 = Clock::now();
   for (uint32_t i = 0; i < a.iterations; ++i) {
-    NL_RETURN_IF_ERROR(CudaCheck(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+    NL_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
   }
   const double s = Seconds(t0, Clock::now());
   return static_cast<double>(bytes) * a.iterations / s / 1e9;
@@ -131,7 +132,8 @@ nl::Result<double> PinnedMemcpyGBps(const Args& a) {
 // reads it), so the copies queue back to back on the stager's stream.
 nl::Result<double> StagerGBps(const Args& a, std::string* note) {
   const std::string job = "staging-bench-" + std::to_string(getpid());
-  NL_ASSIGN_OR_RETURN(auto producer, BenchProducer::Start(a, uint64_t{a.warmup} + a.iterations, job));
+  NL_ASSIGN_OR_RETURN(auto producer,
+                      BenchProducer::Start(a, uint64_t{a.warmup} + a.iterations, job));
   NL_ASSIGN_OR_RETURN(auto client, nl::RingClient::Attach(job, 0, 30.0));
   nl::StagingOptions o;
   o.device = a.device;
@@ -165,7 +167,8 @@ int main(int argc, char** argv) {
   app.add_option("--width", a.width, "Image width")->check(CLI::Range(1u, 4096u));
   app.add_option("--iterations", a.iterations, "Batches timed per method")
       ->check(CLI::Range(1u, 1000000u));
-  app.add_option("--warmup", a.warmup, "Batches copied before timing")->check(CLI::Range(0u, 10000u));
+  app.add_option("--warmup", a.warmup, "Batches copied before timing")
+      ->check(CLI::Range(0u, 10000u));
   app.add_option("--slots", a.slots, "Ring slots")->check(CLI::Range(2u, 64u));
   app.add_option("--device-buffers", a.device_buffers, "The Stager's device buffers")
       ->check(CLI::Range(1u, nl::kMaxDeviceBuffers));
@@ -180,10 +183,10 @@ int main(int argc, char** argv) {
                 rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices");
     return 0;
   }
-  std::printf("staging_bench: batch %u x 3x%ux%u uint8 (%.1f MB per batch with labels and "
-              "indices), %u batches timed per method after %u warm-up\n",
-              a.batch, a.height, a.width, static_cast<double>(BatchBytes(a)) / 1e6, a.iterations,
-              a.warmup);
+  std::printf(
+      "staging_bench: batch %u x 3x%ux%u uint8 (%.1f MB per batch with labels and "
+      "indices), %u batches timed per method after %u warm-up\n",
+      a.batch, a.height, a.width, static_cast<double>(BatchBytes(a)) / 1e6, a.iterations, a.warmup);
   nl::Result<double> base = PinnedMemcpyGBps(a);
   if (!base.ok()) {
     std::fprintf(stderr, "%s\n", base.status().ToString().c_str());

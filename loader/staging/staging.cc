@@ -32,9 +32,9 @@ class CpuBackend : public Stager::Backend {
     }
     auto it = out_.find(b.host.sequence);
     if (it == out_.end() || it->second != b.host.slot) {
-      return Status::InvalidArgument(
-          "staging: batch sequence " + std::to_string(b.host.sequence) + " (slot " +
-          std::to_string(b.host.slot) + ") is not out: released twice or never handed out");
+      return Status::InvalidArgument("staging: batch sequence " + std::to_string(b.host.sequence) +
+                                     " (slot " + std::to_string(b.host.slot) +
+                                     ") is not out: released twice or never handed out");
     }
     (void)consumer_stream;  // nothing on the device to order against
     NL_RETURN_IF_ERROR(client_->Release(b.host));

@@ -38,7 +38,9 @@
 // Threads: one thread at a time calls Next/Release/Synchronize (a training
 // loop may hand over between threads). On the GPU path a CUDA host callback
 // thread releases ring slots concurrently (RingClient::Release is safe for
-// that). The client must outlive the stager.
+// that); the caller must not use the client directly while a stager does.
+// Ownership: the client must outlive the stager, and a client gets one
+// stager at a time (its ring can be registered as pinned memory once).
 #pragma once
 
 #include <cstdint>

@@ -29,9 +29,9 @@ Status CudaFailure(const char* call, cudaError_t rc, const std::string& where) {
                           CudaText(rc));
 }
 
-#define NL_CUDA_RETURN_IF_ERROR(expr, what, where)                          \
-  do {                                                                      \
-    cudaError_t nl_cuda_rc_ = (expr);                                       \
+#define NL_CUDA_RETURN_IF_ERROR(expr, what, where)                                \
+  do {                                                                            \
+    cudaError_t nl_cuda_rc_ = (expr);                                             \
     if (nl_cuda_rc_ != cudaSuccess) return CudaFailure(what, nl_cuda_rc_, where); \
   } while (0)
 
@@ -151,14 +151,12 @@ class CudaBackend : public Stager::Backend {
 };
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(RingClient* client, int device,
-                                                         uint32_t buffer_count,
-                                                         std::string* note) {
+                                                         uint32_t buffer_count, std::string* note) {
   const std::string where = DeviceWhere(device);
   DeviceScope scope(device);
   NL_CUDA_RETURN_IF_ERROR(scope.rc(), "cudaSetDevice", where);
   cudaDeviceProp prop{};
-  NL_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties",
-                          where);
+  NL_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties", where);
 
   std::unique_ptr<CudaBackend> b(new CudaBackend(client, device));
   const ring::Geometry& g = client->info().geometry;
@@ -189,8 +187,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(RingClient* client, int
     Buffer& buf = b->buffers_[i];
     const std::string bwhere = where + ", device buffer " + std::to_string(i);
     void* p = nullptr;
-    NL_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, buffer_bytes),
-                            "cudaMalloc", bwhere + " (" + Mib(buffer_bytes) + ")");
+    NL_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, buffer_bytes), "cudaMalloc",
+                            bwhere + " (" + Mib(buffer_bytes) + ")");
     buf.memory.reset(p);
     buf.pixels = p;
     buf.labels = reinterpret_cast<int64_t*>(static_cast<char*>(p) + labels_at);
@@ -231,9 +229,9 @@ void CUDART_CB CudaBackend::ReleaseSlot(void* data) {
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(self->deferred_mutex_);
     if (self->deferred_.ok()) {
-      self->deferred_ = s.WithContext("staging: giving ring slot " + std::to_string(p->batch.slot) +
-                                      " back after the copy of " +
-                                      BatchWhere(self->device_, p->batch));
+      self->deferred_ =
+          s.WithContext("staging: giving ring slot " + std::to_string(p->batch.slot) +
+                        " back after the copy of " + BatchWhere(self->device_, p->batch));
     }
   }
   self->slots_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
@@ -288,10 +286,11 @@ Result<StagedBatch> CudaBackend::Next(double timeout_s) {
     }
   }
   if (pick == n) {
-    return Status::FailedPrecondition(
-        "staging: all " + std::to_string(n) + " device buffers are held (the oldest by batch "
-        "sequence " + std::to_string(buffers_[next_buffer_].sequence) +
-        "): release a batch before asking for the next");
+    return Status::FailedPrecondition("staging: all " + std::to_string(n) +
+                                      " device buffers are held (the oldest by batch "
+                                      "sequence " +
+                                      std::to_string(buffers_[next_buffer_].sequence) +
+                                      "): release a batch before asking for the next");
   }
   DeviceScope scope(device_);
   NL_CUDA_RETURN_IF_ERROR(scope.rc(), "cudaSetDevice", DeviceWhere(device_));
@@ -379,8 +378,7 @@ Result<BackendChoice> ChooseBackend(RingClient* client, const StagingOptions& op
   }
   if (device >= count) {
     return Status::InvalidArgument("staging: device " + std::to_string(device) +
-                                   " does not exist (" + std::to_string(count) +
-                                   " CUDA devices)");
+                                   " does not exist (" + std::to_string(count) + " CUDA devices)");
   }
   std::string note;
   NL_ASSIGN_OR_RETURN(auto backend,

@@ -181,10 +181,10 @@ TEST_F(StagingGpuTest, ReleaseWithTheCallersStreamOrdersTheBuffersReuse) {
     ASSERT_EQ(cudaMemcpyAsync(static_cast<char*>(busy) + busy_bytes, busy, busy_bytes,
                               cudaMemcpyDeviceToDevice, mine),
               cudaSuccess);
-    ASSERT_EQ(cudaMemcpyAsync(got, b->device_pixels,
-                              b->host.size * staging_test::SampleBytes(plan_),
-                              cudaMemcpyDeviceToHost, mine),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpyAsync(got, b->device_pixels, b->host.size * staging_test::SampleBytes(plan_),
+                        cudaMemcpyDeviceToHost, mine),
+        cudaSuccess);
     ASSERT_TRUE(stager_->Release(*b, mine).ok());
     previous = b->host;
   }

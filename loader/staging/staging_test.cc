@@ -211,8 +211,7 @@ TEST_F(StagingTest, BadOptionsAreRefusedWithTheReason) {
       << bt.status().ToString();
   StagingOptions negative;
   negative.device = -2;
-  EXPECT_EQ(Stager::Create(client_.get(), negative).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stager::Create(client_.get(), negative).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(StagingTest, TheProducersErrorTextReachesTheCaller) {

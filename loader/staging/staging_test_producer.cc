@@ -38,7 +38,8 @@ int64_t IndexOf(uint64_t epoch, uint64_t batch, uint32_t sample) {
 
 std::string DiffFromPattern(const ProducerPlan& p, uint64_t epoch, uint64_t batch,
                             const void* pixels, const int64_t* labels, const int64_t* indices) {
-  const std::string at = "(epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch) + ")";
+  const std::string at =
+      "(epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch) + ")";
   if (pixels == nullptr || labels == nullptr || indices == nullptr) return at + ": null pointer";
   const uint32_t n = BatchSizeOf(p, batch);
   const uint64_t sb = SampleBytes(p);
@@ -112,7 +113,8 @@ ForkedProducer::ForkedProducer(const ProducerPlan& plan) {
   pid_ = fork();
   if (pid_ == 0) {
     Status s = RunProducer(plan);
-    if (!s.ok()) std::fprintf(stderr, "test producer %s: %s\n", plan.job_id.c_str(), s.ToString().c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "test producer %s: %s\n", plan.job_id.c_str(), s.ToString().c_str());
     std::fflush(stderr);
     _exit(s.ok() ? 0 : 1);
   }
