@@ -1,5 +1,9 @@
 // The GPU path against a real ring (ctest label `gpu`): each test skips,
 // and shows as skipped, when there is no CUDA device.
+//
+// The same tests also build against the fake CUDA runtime
+// (fake_cuda_runtime.cc, NL_FAKE_CUDA; binary staging_fake_cuda_test), which
+// runs anywhere and checks the path's ordering and that it frees everything.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +13,9 @@
 
 #include "loader/staging/staging.h"
 #include "loader/staging/staging_test_producer.h"
+#ifdef NL_FAKE_CUDA
+#include "loader/staging/fake_cuda_runtime.h"
+#endif
 
 namespace nl {
 namespace {
@@ -148,7 +155,11 @@ TEST_F(StagingGpuTest, ReleaseWithTheCallersStreamOrdersTheBuffersReuse) {
   // back into pinned memory. The batch is released right after queuing it, so
   // the next copy into the buffer is queued while ours is still running; only
   // the stream given to Release keeps it from overwriting what we read.
+#ifdef NL_FAKE_CUDA
+  const size_t busy_bytes = size_t{64} << 20;  // a host memcpy in the fake
+#else
   const size_t busy_bytes = size_t{1} << 30;
+#endif
   void* busy = nullptr;
   ASSERT_EQ(cudaMalloc(&busy, 2 * busy_bytes), cudaSuccess);
   const size_t max_pixels = plan_.batch_size * staging_test::SampleBytes(plan_);
@@ -194,6 +205,31 @@ TEST_F(StagingGpuTest, ReleaseWithTheCallersStreamOrdersTheBuffersReuse) {
   EXPECT_EQ(cudaStreamDestroy(mine), cudaSuccess);
 }
 
+TEST_F(StagingGpuTest, MoreDeviceBuffersThanRingSlotsHoldsTheWholeBatchesAndGoesOn) {
+  SKIP_WITHOUT_DEVICE();
+  ProducerPlan plan;
+  plan.slots = 2;
+  ASSERT_NO_FATAL_FAILURE(Start("gpu-morebuffers", plan));
+  StagingOptions o;
+  o.device_buffers = 4;  // twice the ring: copies must free slots before the ring runs dry
+  ASSERT_NO_FATAL_FAILURE(MakeStager(o));
+  const uint64_t total = plan_.epochs * plan_.batches_per_epoch;
+  uint64_t next = 0;
+  while (next < total) {
+    std::vector<StagedBatch> held;
+    for (uint32_t k = 0; k < o.device_buffers && next < total; ++k, ++next) {
+      auto b = stager_->Next(30.0);
+      ASSERT_TRUE(b.ok()) << "batch " << next << ": " << b.status().ToString();
+      held.push_back(*b);
+    }
+    for (size_t k = 0; k < held.size(); ++k) {
+      ASSERT_NO_FATAL_FAILURE(ExpectDeviceBatch(held[k], next - held.size() + k));
+    }
+    for (const StagedBatch& b : held) ASSERT_TRUE(stager_->Release(b).ok());
+  }
+  ASSERT_TRUE(stager_->Synchronize().ok());
+}
+
 TEST_F(StagingGpuTest, ADeviceThatDoesNotExistIsRefused) {
   std::string why;
   int n = DeviceCount(&why);
@@ -207,6 +243,40 @@ TEST_F(StagingGpuTest, ADeviceThatDoesNotExistIsRefused) {
   EXPECT_NE(s.status().message().find("device " + std::to_string(n) + " does not exist"),
             std::string::npos)
       << s.status().ToString();
+}
+
+TEST_F(StagingGpuTest, ASecondStagerOnOneClientIsRefusedAndLeavesNothingBehind) {
+  SKIP_WITHOUT_DEVICE();
+  ASSERT_NO_FATAL_FAILURE(Start("gpu-twice"));
+#ifdef NL_FAKE_CUDA
+  const FakeCudaCounts before = FakeCudaLiveObjects();
+#endif
+  ASSERT_NO_FATAL_FAILURE(MakeStager(StagingOptions{}));
+  // The ring is registered already: the second registration fails, and the
+  // message names the call and the device.
+  auto second = Stager::Create(client_.get(), StagingOptions{});
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("cudaHostRegister of the ring failed on device "),
+            std::string::npos)
+      << second.status().ToString();
+  // The first still works.
+  auto b = stager_->Next(30.0);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_NO_FATAL_FAILURE(ExpectDeviceBatch(*b, 0));
+  ASSERT_TRUE(stager_->Release(*b).ok());
+#ifdef NL_FAKE_CUDA
+  const FakeCudaCounts with = FakeCudaLiveObjects();
+  EXPECT_EQ(with.streams - before.streams, 1);
+  EXPECT_EQ(with.registrations - before.registrations, 1);
+  EXPECT_EQ(with.device_allocations - before.device_allocations, 2);  // device_buffers
+  EXPECT_EQ(with.events - before.events, 4);  // ready + consumer_done per buffer
+  stager_.reset();
+  const FakeCudaCounts after = FakeCudaLiveObjects();
+  EXPECT_EQ(after.streams, before.streams);
+  EXPECT_EQ(after.events, before.events);
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.registrations, before.registrations);
+#endif
 }
 
 }  // namespace
