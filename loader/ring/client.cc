@@ -66,6 +66,7 @@ struct RingClient::Impl {
   Status Gone() const {
     std::string text(h->error, strnlen(h->error, kErrorBytes));
     const std::string now = ProcessState(info.producer_pid);
+    if (text.rfind("stopped by ", 0) == 0) return Status::Unavailable(who + " was " + text);
     if (!text.empty()) {
       return Status::Unavailable(who + " failed: " + text);
     }

@@ -32,10 +32,10 @@ struct RingProducer::Impl {
   std::string refusal;  // what a refusing consumer said
 
   ~Impl() {
-    if (h != nullptr) {
-      for (uint32_t i = 0; i < h->geometry.slot_count; ++i) SlotAt(h, i)->~SlotHeader();
-      h->~Header();
-    }
+    // The header's mutex and conditions are not destroyed: a consumer killed
+    // inside a wait stays counted as a waiter, and pthread_cond_destroy would
+    // wait for it forever. They live in the segment, which goes with the
+    // last mapping (plain data: nothing else to release).
     if (base != MAP_FAILED) ::munmap(base, bytes);
   }
   void Log(const std::string& line) const {

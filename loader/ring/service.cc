@@ -129,7 +129,7 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       const int sig = cfg.stop_signal ? cfg.stop_signal->load() : 0;
       if (sig != 0 && stopped_by.load() == 0) {
         stopped_by = sig;
-        producer->Finish(ring::ProducerState::kStopped, who + " was stopped by " + SignalName(sig));
+        producer->Finish(ring::ProducerState::kStopped, "stopped by " + SignalName(sig));
         stop = true;
         cv.notify_all();
       }
@@ -240,7 +240,7 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       outstanding.clear();
     };
     result = open(pc0.start_epoch, pc0.start_batch);
-    if (!result.ok()) producer->Finish(ring::ProducerState::kError, who + ": " + result.ToString());
+    if (!result.ok()) producer->Finish(ring::ProducerState::kError, result.ToString());
     bool ended = false;
     Clock::time_point full_since{};
     bool warned = false;
@@ -257,7 +257,7 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
                                            std::to_string(req.epoch) + ", batch " +
                                            std::to_string(req.batch) + ", outside what " + who +
                                            " serves");
-          producer->Finish(ring::ProducerState::kError, result.message());
+          producer->Finish(ring::ProducerState::kError, result.ToString());
           break;
         }
         generation = req.id;
@@ -265,7 +265,7 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
         ended = false;
         result = open(req.epoch, req.batch);
         if (!result.ok()) {
-          producer->Finish(ring::ProducerState::kError, who + ": " + result.ToString());
+          producer->Finish(ring::ProducerState::kError, result.ToString());
         }
         continue;
       }
@@ -304,7 +304,7 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
           continue;
         }
         result = view.status();
-        producer->Finish(ring::ProducerState::kError, who + ": " + result.ToString());
+        producer->Finish(ring::ProducerState::kError, result.ToString());
         break;
       }
       ++delivered;
