@@ -37,6 +37,7 @@ with warnings.catch_warnings():
         info = client.info
         for b in client:
             assert [s for s, _ in seen] == list(range(b.sequence)), (b.sequence, [s for s, _ in seen])
+            assert b.wait_s >= 0, b.wait_s
             t = torch.from_numpy(b.pixels)
             assert t.data_ptr() == b.pixels.ctypes.data, "torch.from_numpy copied"
             assert t.dtype == torch.uint8 and tuple(t.shape) == (b.size, 3, info.height, info.width)
