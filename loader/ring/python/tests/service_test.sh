@@ -118,6 +118,28 @@ expect_rc 0 "torch views equal loader consume's bytes; events synchronized befor
 expect_out "^26 batches: " "all 26 batches checked"
 served views 0
 
+# set_epoch and seek: the batch asked for, with the bytes loader consume saw there
+serve seek "$W/p" --epochs 2 --seed 7
+expect_rc 0 "set_epoch(1), then seek(0, 5): those batches, their bytes" $PY - "$JOB-seek" "$W/cpp.dump" <<'PYEOF'
+import sys, numa_loader
+dump = open(sys.argv[2], "rb").read()
+per = 16 * (3072 + 16)  # a full batch in the dump
+with numa_loader.Client(sys.argv[1], 0) as c:
+    b = next(c)
+    c.set_epoch(1)
+    assert b.released, "set_epoch releases the held batch"
+    b = next(c)
+    assert (b.epoch, b.batch) == (1, 0), (b.epoch, b.batch)
+    e1 = 12 * per + 8 * (3072 + 16)  # epoch 0: 12 full batches and one of 8
+    assert b.pixels.tobytes() == dump[e1:e1 + 16 * 3072], "batch (1, 0) differs"
+    c.seek(0, 5)
+    b = next(c)
+    assert (b.epoch, b.batch, b.size) == (0, 5, 16), (b.epoch, b.batch, b.size)
+    assert b.pixels.tobytes() == dump[5 * per:5 * per + 16 * 3072], "batch (0, 5) differs"
+    assert b.labels.tobytes() == dump[5 * per + 16 * 3072:5 * per + 16 * 3080]
+PYEOF
+served seek 0
+
 # --- (c) a bad record: the producer's reason arrives as LoaderError -------
 rm -rf "$W/bad" && cp -r "$W/p" "$W/bad"
 expect_rc 0 "flip a payload byte of record 37 in the shard" $PY - "$W/bad/train/shard-00000/data.mdb" <<'PYEOF'
