@@ -140,6 +140,28 @@ with numa_loader.Client(sys.argv[1], 0) as c:
 PYEOF
 served seek 0
 
+# A client dropped without close(): its finalizer detaches, and the producer exits 0
+serve drop "$W/p" --seed 7
+expect_rc 0 "a dropped Client detaches (the producer exits while we still run)" $PY - "$JOB-drop" <<'PYEOF'
+import gc, os, sys, time, numa_loader
+c = numa_loader.Client(sys.argv[1], 0)
+b = next(c)
+pid = c.info.producer_pid
+del b, c
+gc.collect()
+for _ in range(600):  # a hang guard: 60 s
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    if open("/proc/%d/stat" % pid).read().split(") ")[1].startswith("Z"):
+        break  # exited, not yet reaped by the shell
+    time.sleep(0.1)
+else:
+    sys.exit("loader serve (pid %d) still runs after the Client was dropped" % pid)
+PYEOF
+served drop 0
+
 # --- (c) a bad record: the producer's reason arrives as LoaderError -------
 rm -rf "$W/bad" && cp -r "$W/p" "$W/bad"
 expect_rc 0 "flip a payload byte of record 37 in the shard" $PY - "$W/bad/train/shard-00000/data.mdb" <<'PYEOF'
