@@ -7,7 +7,6 @@ Usage: views_check.py JOB_ID DUMP_FILE  (PYTHONPATH holds numa_loader)
 import sys
 import warnings
 
-import numpy as np
 import torch
 
 import numa_loader
