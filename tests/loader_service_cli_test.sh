@@ -137,6 +137,25 @@ wait_exit "$SP" 10
 check_rc $? 1 "serve exits (1) when its consumer is killed"
 if grep -q "went away without detaching" "$W/k2.log"; then ok "serve says the consumer went away"; else fail "$(cat "$W/k2.log")"; fi
 nothing_left "$JOB-k2" "after kill -9 of the consumer"
+# Again, at random moments: a consumer killed inside a wait must never leave
+# the producer blocked (glibc condition variables would: hence semaphores),
+# so each producer ends by itself, not by its one-second last resort.
+hung=0
+for i in 1 2 3 4 5 6; do
+  serve k3 "${COMMON[@]}" --job-id "$JOB-k3-$i" --prefetch 1
+  "$L" consume --job-id "$JOB-k3-$i" >/dev/null 2>&1 &
+  CP=$!
+  sleep "0.$((RANDOM % 4 + 2))"
+  kill -9 "$CP"
+  wait "$CP" 2>/dev/null
+  wait_exit "$SP" 10
+  rc=$?
+  if [ "$rc" -ne 1 ] || ! grep -q "went away without detaching" "$W/k3.log"; then
+    hung=$((hung + 1))
+    sed 's/^/    /' "$W/k3.log"
+  fi
+done
+check_rc "$hung" 0 "six consumers killed at random moments: each producer notices and ends by itself"
 
 # --- SIGTERM and SIGINT ------------------------------------------------------
 serve t1 "${COMMON[@]}" --job-id "$JOB-t1"

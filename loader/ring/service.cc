@@ -276,7 +276,10 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       }
       {
         std::unique_lock lock(mu);
-        if (outstanding.size() >= slots) {  // the next batch's slot is still the consumer's
+        // The pipeline writes its batch `delivered` into the buffer of batch
+        // delivered - K, so that one must be back. (The consumer may release
+        // out of order: a count of outstanding batches is not enough.)
+        if (!outstanding.empty() && outstanding.front().view.sequence + slots <= delivered) {
           if (full_since == Clock::time_point{}) full_since = Clock::now();
           producer->SetActivity(ring::Activity::kWaitingForSlot);
           cv.wait_for(lock, std::chrono::milliseconds(50));
