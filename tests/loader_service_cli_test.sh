@@ -126,6 +126,25 @@ fi
 wait "$SP" 2>/dev/null
 nothing_left "$JOB-k1" "after kill -9 of the producer"
 
+# --- a producer that crashes says so -------------------------------------------
+for sig in SEGV ABRT; do
+  serve x1 "${COMMON[@]}" --job-id "$JOB-x$sig"
+  "$L" consume --job-id "$JOB-x$sig" --timeout 60 >"$W/x1c.out" 2>&1 &
+  CP=$!
+  pids+=("$CP")
+  sleep 0.5
+  kill -"$sig" "$SP"
+  wait_exit "$CP" 20
+  check_rc $? 1 "consume fails when its producer gets SIG$sig"
+  if grep -q "pid $SP) failed: crashed with SIG$sig" "$W/x1c.out"; then
+    ok "the error says the producer crashed with SIG$sig"
+  else
+    fail "SIG$sig: $(cat "$W/x1c.out")"
+  fi
+  wait "$SP" 2>/dev/null
+  nothing_left "$JOB-x$sig" "after SIG$sig"
+done
+
 # --- kill -9 the consumer ----------------------------------------------------
 serve k2 "${COMMON[@]}" --job-id "$JOB-k2"
 "$L" consume --job-id "$JOB-k2" >/dev/null 2>&1 &
