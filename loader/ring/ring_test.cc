@@ -191,6 +191,31 @@ TEST(RingService, SeekAnswersWithThatPositionAndDropsWhatWasPublishedBefore) {
   ASSERT_TRUE(c.Release(*b).ok());
 }
 
+TEST(RingService, AfterTheLastEpochASeekStartsTheStreamAgain) {
+  testing::ScratchDir d;
+  const std::string data = PackPngs(d, 12);
+  const std::string job = JobId("again");
+  ServeProcess serve({"--data", data, "--job-id", job, "--batch-size", "4", "--threads", "1",
+                      "--prefetch", "2", "--image-size", "8", "--epochs", "2", "--no-bind"});
+  auto client = RingClient::Attach(job, 0, 20.0);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  RingClient& c = **client;
+  for (int round = 0; round < 3; ++round) {
+    for (uint64_t i = 0; i < 6; ++i) {
+      Result<RingBatch> b = c.Next(20.0);
+      ASSERT_TRUE(b.ok()) << "round " << round << ": " << b.status().ToString();
+      EXPECT_EQ(b->epoch, i / 3);
+      EXPECT_EQ(b->batch, i % 3);
+      ASSERT_TRUE(c.Release(*b).ok());
+    }
+    Result<RingBatch> end = c.Next(20.0);
+    ASSERT_FALSE(end.ok());
+    ASSERT_EQ(end.status().code(), StatusCode::kOutOfRange) << end.status().ToString();
+    EXPECT_EQ(c.Seek(2, 0).code(), StatusCode::kInvalidArgument);  // it serves epochs 0 and 1
+    ASSERT_TRUE(c.Seek(0, 0).ok());
+  }
+}
+
 TEST(RingService, EveryBatchHeldMakesNextFailInsteadOfWaitingForItself) {
   testing::ScratchDir d;
   const std::string data = PackPngs(d, 40);
