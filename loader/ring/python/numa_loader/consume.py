@@ -218,6 +218,9 @@ def main(argv=None):
     except Stopped as s:
         st.end = "stopped by " + signal.Signals(s.signum).name
         rc = 128 + s.signum
+        if not st.attached:
+            print("%s: %s while waiting for loader serve of job %s, rank %d" % (
+                PROG, st.end, a.job_id, a.rank), file=sys.stderr)
     except LoaderTimeout as e:
         print("%s: error: %s" % (PROG, e), file=sys.stderr)
         rc = 2
