@@ -80,11 +80,15 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : sum / static_cast<double>(v.size());
 }
 
+double CpuSecondsOf(const rusage& u) {
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
+
 double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
-         u.ru_stime.tv_usec * 1e-6;
+  return CpuSecondsOf(u);
 }
 
 // RssAnon / RssFile from /proc/self/status, in MiB.
@@ -299,6 +303,7 @@ struct Consumed {
   std::vector<double> next_ms, cost_us;
   std::map<uint64_t, std::vector<int64_t>> epoch_indices;
   double python_cost_us = -1;  // --consumer python: its own mean
+  double python_cpu_s = 0;     // and its process's CPU time
   uint64_t sample_bytes = 0;
   // From the attach (the serve opens its pipeline then, as inprocess opens
   // its own) to the stream's end; and the attach's time since the start.
@@ -352,7 +357,8 @@ nl::Status ConsumeCpp(const Args& a, int rank, nl::bench::ChildProcess* serve, i
     const double next_s = std::chrono::duration<double>(Clock::now() - n0).count();
     if (!b.ok()) {
       if (b.status().code() == nl::StatusCode::kOutOfRange) break;  // the last epoch is out
-      return b.status().WithContext(ServeContext(serve, log_fd));
+      return nl::Status(b.status().code(),
+                        b.status().message() + " [" + ServeContext(serve, log_fd) + "]");
     }
     out->images += b->size;
     ++out->batches;
@@ -409,6 +415,7 @@ nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve
     }
   }
   out->python_cost_us = j["per_batch_us"].get<double>();
+  out->python_cpu_s = CpuSecondsOf(e.usage);
   out->images = j["images"].get<uint64_t>();
   out->batches = j["batches"].get<uint64_t>();
   out->stream_s = j["seconds"].get<double>();  // from its attach, as ConsumeCpp's
@@ -459,10 +466,7 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   }
   for (const std::string& line : nl::bench::LinesWith(log->get(), "[Affinity]"))
     std::fprintf(stderr, "%s (loader serve)\n", line.c_str());
-  const rusage& su = served->usage;
-  const double serve_cpu = su.ru_utime.tv_sec + su.ru_utime.tv_usec * 1e-6 + su.ru_stime.tv_sec +
-                           su.ru_stime.tv_usec * 1e-6;
-  const double cpu = CpuSeconds() - cpu0 + serve_cpu;
+  const double cpu = CpuSeconds() - cpu0 + CpuSecondsOf(served->usage) + got.python_cpu_s;
   const auto [anon, file] = Rss();
   const uint64_t sample_bytes = got.sample_bytes
                                     ? got.sample_bytes
@@ -487,7 +491,7 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
     r["consumer_us_mean"] = Mean(costs);
     r["consumer_us_p99"] = Percentile(costs, 99);
   }
-  r["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;  // consumer and serve
+  r["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;  // consumer(s) and serve
   r["cores_used"] = wall > 0 ? cpu / wall : 0;
   r["threads"] = threads;
   r["loader_cpus"] = binds ? nl::FormatCpuList(plan.loader_cpus) : std::string();
@@ -495,7 +499,7 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   r["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
   r["rss_anon_mib"] = anon;  // the consumer
   r["rss_file_mib"] = file;
-  r["serve_max_rss_mib"] = su.ru_maxrss / 1024.0;
+  r["serve_max_rss_mib"] = served->usage.ru_maxrss / 1024.0;
   if (!a.record_indices.empty()) {
     json e = json::array();
     for (auto& [epoch, v] : got.epoch_indices)
