@@ -213,6 +213,9 @@ expect_text "no loader serve for job $JOB-none, rank 0 appeared within 0.3 s" "a
 expect_rc 1 "a job id with a '/' is refused" "$L" consume --job-id "a/b" --attach-timeout 0
 expect_text "without spaces or '/'" "naming the rule"
 expect_rc 1 "serve --rank 2 --world-size 2 is refused" "$L" serve "${COMMON[@]}" --job-id x --rank 2 --world-size 2
+expect_rc 1 "a ring larger than half the machine's memory is refused before it is made" \
+  "$L" serve --data "$W/d" --job-id x --batch-size 4096 --prefetch 1024 --image-size 1024 --no-bind
+expect_text "more than half of this machine's" "saying so"
 expect_rc 1 "RANK=abc in the environment is refused" env RANK=abc "$L" serve "${COMMON[@]}" --job-id x
 expect_text "RANK" "naming the variable"
 

@@ -261,6 +261,8 @@ Status CheckCounts(const PipelineConfig& c) {
 
 // The batch buffers must fit in this machine's memory (checked before
 // anything is allocated, so an absurd request is an error, not a swap storm).
+}  // namespace
+
 Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_bytes) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return Status::Ok();
@@ -274,8 +276,6 @@ Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_byte
                 count, batch_size, sample_bytes, want / (1ull << 30), have / (1ull << 30));
   return Status::ResourceExhausted(msg);
 }
-
-}  // namespace
 
 Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

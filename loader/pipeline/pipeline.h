@@ -102,6 +102,10 @@ class HeapBuffers : public BufferSource {
 // Batches in flight one pipeline may be asked for.
 inline constexpr uint32_t kMaxPrefetch = 1024;
 
+// ResourceExhausted when `count` buffers of a batch would take more than half
+// of this machine's memory (the pipeline's own buffers, a service's ring).
+Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_bytes);
+
 enum class OnBadRecord { kError, kSkip };
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s);
 

@@ -260,6 +260,10 @@ Status RingProducer::Reclaim(uint64_t id, double timeout_s, const std::atomic<bo
           }
           m.c().consumed = m.c().published;
           m.c().serving_request = id;
+          // Running again in the same step: a consumer must never see the
+          // new request served while the state still says the old run ended.
+          m.c().state = static_cast<uint32_t>(ProducerState::kRunning);
+          std::memset(m.h->error, 0, kErrorBytes);
           return Status::Ok();
         }
         m.c().on_free.timed_wait(lock, In(kSliceMs));
@@ -315,13 +319,6 @@ void RingProducer::Finish(ProducerState state, const std::string& error) {
     }
     m.c().on_publish.notify_all();
   }
-}
-
-void RingProducer::Resume() {
-  RingLock lock;
-  if (!impl_->Lock(&lock)) return;
-  impl_->c().state = static_cast<uint32_t>(ProducerState::kRunning);
-  std::memset(impl_->h->error, 0, kErrorBytes);
 }
 
 bool RingProducer::ConsumerGone(bool* detached) {

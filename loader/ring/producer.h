@@ -80,7 +80,8 @@ class RingProducer {
   };
   Request request() const;
   // After a seek: takes back every published slot the consumer has not
-  // taken, once it holds none (waits up to timeout_s), and marks `id` served.
+  // taken, once it holds none (waits up to timeout_s), marks `id` served and
+  // the stream running again (after an end).
   Status Reclaim(uint64_t id, double timeout_s, const std::atomic<bool>* stop);
 
   // Blocks until the consumer frees a slot or makes a request, or timeout_s
@@ -94,7 +95,6 @@ class RingProducer {
   // Ends the stream: kEnd (a seek may restart it), kError or kStopped with
   // the text the consumer reports.
   void Finish(ring::ProducerState state, const std::string& error);
-  void Resume();  // back to kRunning after kEnd (a seek)
 
   // True once the consumer's connection has closed; `detached` says whether
   // it said goodbye first. Non-blocking.

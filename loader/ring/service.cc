@@ -84,6 +84,7 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
                                    " is past the " + std::to_string(bpe) + " batches of an epoch");
   }
   const TransformConfig& t = pc0.transform;
+  NL_RETURN_IF_ERROR(CheckBufferMemory(pc0.prefetch, pc0.batch_size, SampleTransform(t).SampleBytes()));
   NL_ASSIGN_OR_RETURN(
       const ring::Geometry geometry,
       ring::MakeGeometry(pc0.prefetch, pc0.batch_size, static_cast<uint32_t>(t.image_size),
@@ -251,8 +252,8 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
         producer->SetActivity(ring::Activity::kRestarting, req.epoch, req.batch);
         const Status st = producer->Reclaim(req.id, -1, &stop);
         if (!st.ok()) break;  // stopped, or the consumer is gone
-        if (req.batch >= bpe || req.epoch < pc0.start_epoch ||
-            (end_epoch && req.epoch >= end_epoch)) {
+        if (req.batch >= bpe ||
+            (end_epoch && (req.epoch < pc0.start_epoch || req.epoch >= end_epoch))) {
           result = Status::InvalidArgument("the consumer asked for epoch " +
                                            std::to_string(req.epoch) + ", batch " +
                                            std::to_string(req.batch) + ", outside what " + who +
@@ -261,7 +262,6 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
           break;
         }
         generation = req.id;
-        producer->Resume();
         ended = false;
         result = open(req.epoch, req.batch);
         if (!result.ok()) {
