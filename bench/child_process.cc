@@ -53,8 +53,8 @@ std::vector<char*> Pointers(std::vector<std::string>& v) {
 }  // namespace
 
 Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
-                                         const std::vector<std::string>& extra_env,
-                                         int stdout_fd, int stderr_fd) {
+                                         const std::vector<std::string>& extra_env, int stdout_fd,
+                                         int stderr_fd) {
   if (args.empty()) return Status::InvalidArgument("ChildProcess::Start: no program");
   // Everything the child needs is built before fork: after it, in a process
   // that may have threads, the child only makes async-signal-safe calls.
@@ -145,8 +145,8 @@ Result<ChildExit> ChildProcess::WaitFor(double timeout_s, const std::string& wha
     if (std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) {
       const pid_t pid = pid_;
       Kill();
-      return Status::DeadlineExceeded(what + " (pid " + std::to_string(pid) +
-                                      ") had not exited " + std::to_string(timeout_s) +
+      return Status::DeadlineExceeded(what + " (pid " + std::to_string(pid) + ") had not exited " +
+                                      std::to_string(timeout_s) +
                                       " s after its work was done: killed");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

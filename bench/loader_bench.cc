@@ -237,8 +237,8 @@ nl::Result<std::string> LoaderPath(const Args& a) {
 nl::Result<std::string> PythonPackageParent() {
   const std::string bin = ProgramDir();
   const size_t slash = bin.rfind('/');
-  const std::string dir = (slash == std::string::npos ? std::string(".") : bin.substr(0, slash)) +
-                          "/python";
+  const std::string dir =
+      (slash == std::string::npos ? std::string(".") : bin.substr(0, slash)) + "/python";
   const std::string module = dir + "/numa_loader/consume.py";
   if (access(module.c_str(), R_OK) != 0) {
     return nl::Status::NotFound(
@@ -251,12 +251,10 @@ nl::Result<std::string> PythonPackageParent() {
 }
 
 // One job id per loader_bench run (its pid): each rank serves and attaches as its rank.
-std::string ServiceJobId(long parent_pid) {
-  return "loader_bench-" + std::to_string(parent_pid);
-}
+std::string ServiceJobId(long parent_pid) { return "loader_bench-" + std::to_string(parent_pid); }
 
-std::string JoinPlans(const nl::BindingPlan& plan, const std::function<std::string(const nl::RankPlan&)>& f,
-                      const char* sep) {
+std::string JoinPlans(const nl::BindingPlan& plan,
+                      const std::function<std::string(const nl::RankPlan&)>& f, const char* sep) {
   std::string out;
   for (const nl::RankPlan& r : plan.ranks) out += (out.empty() ? "" : sep) + f(r);
   return out;
@@ -270,24 +268,35 @@ std::vector<std::string> ServeCommand(const Args& a, const std::string& loader,
                                       const nl::JobPlan& job, bool binds, int rank,
                                       uint32_t threads) {
   const std::string r = std::to_string(rank), world = std::to_string(a.ranks);
-  std::vector<std::string> cmd = {loader,         "serve",        "--job-id", ServiceJobId(a.parent_pid),
-                                  "--rank",       r,              "--world-size", world,
-                                  "--local-rank", r,              "--local-world-size", world,
-                                  "--epochs",     std::to_string(a.pipeline.epochs),
-                                  "--threads",    std::to_string(threads),
-                                  "--attach-timeout", std::to_string(kAttachLimitS)};
+  std::vector<std::string> cmd = {loader, "serve"};
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, std::string>>{
+           {"--job-id", ServiceJobId(a.parent_pid)},
+           {"--rank", r},
+           {"--world-size", world},
+           {"--local-rank", r},
+           {"--local-world-size", world},
+           {"--epochs", std::to_string(a.pipeline.epochs)},
+           {"--threads", std::to_string(threads)},
+           {"--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))}}) {
+    cmd.push_back(flag);
+    cmd.push_back(value);
+  }
   cmd.insert(cmd.end(), a.serve_options.begin(), a.serve_options.end());
   if (binds) {
     cmd.push_back("--cpu-affinity");
-    cmd.push_back(JoinPlans(job.plan, [](const nl::RankPlan& p) {
-      nl::CpuList all = p.trainer_cpus;
-      all.insert(all.end(), p.loader_cpus.begin(), p.loader_cpus.end());
-      std::sort(all.begin(), all.end());
-      all.erase(std::unique(all.begin(), all.end()), all.end());
-      return nl::FormatCpuList(all);
-    }, ";"));
+    cmd.push_back(JoinPlans(
+        job.plan,
+        [](const nl::RankPlan& p) {
+          nl::CpuList all = p.trainer_cpus;
+          all.insert(all.end(), p.loader_cpus.begin(), p.loader_cpus.end());
+          std::sort(all.begin(), all.end());
+          all.erase(std::unique(all.begin(), all.end()), all.end());
+          return nl::FormatCpuList(all);
+        },
+        ";"));
     cmd.push_back("--numa-node");
-    cmd.push_back(JoinPlans(job.plan, [](const nl::RankPlan& p) { return std::to_string(p.numa_node); }, ","));
+    cmd.push_back(JoinPlans(
+        job.plan, [](const nl::RankPlan& p) { return std::to_string(p.numa_node); }, ","));
   } else {
     cmd.push_back("--no-bind");
   }
@@ -315,8 +324,8 @@ struct Consumed {
 // with its log's last lines.
 std::string ServeContext(nl::bench::ChildProcess* serve, int log_fd) {
   nl::bench::ChildExit e;
-  const std::string state =
-      serve->Exited(&e) ? "loader serve ended (" + e.Describe() + ")" : "loader serve still running";
+  const std::string state = serve->Exited(&e) ? "loader serve ended (" + e.Describe() + ")"
+                                              : "loader serve still running";
   const std::string tail = nl::bench::TailOf(log_fd, 3);
   return state + (tail.empty() ? "" : "; its log: " + tail);
 }
@@ -333,8 +342,8 @@ nl::Result<std::unique_ptr<nl::RingClient>> AttachToServe(const std::string& job
     nl::bench::ChildExit e;
     if (serve->Exited(&e)) {
       const std::string tail = nl::bench::TailOf(log_fd, 3);
-      return nl::Status::Unavailable("loader serve for rank " + std::to_string(rank) +
-                                     " ended (" + e.Describe() + ") before the consumer attached" +
+      return nl::Status::Unavailable("loader serve for rank " + std::to_string(rank) + " ended (" +
+                                     e.Describe() + ") before the consumer attached" +
                                      (tail.empty() ? "" : ": " + tail));
     }
     if (std::chrono::duration<double>(Clock::now() - start).count() >= kAttachLimitS) {
@@ -385,10 +394,13 @@ nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve
   NL_ASSIGN_OR_RETURN(std::string pythonpath, PythonPackageParent());
   NL_ASSIGN_OR_RETURN(nl::ring::Fd py_out, nl::bench::MakeLogFd("numa_loader-consume-out"));
   NL_ASSIGN_OR_RETURN(nl::ring::Fd py_err, nl::bench::MakeLogFd("numa_loader-consume-err"));
+  // clang-format off
   const std::vector<std::string> cmd = {
-      "/usr/bin/python3", "-m", "numa_loader.consume", "--job-id", ServiceJobId(a.parent_pid),
-      "--rank", std::to_string(rank), "--json", "--timeout", std::to_string(kBatchTimeoutS),
-      "--attach-timeout", std::to_string(kAttachLimitS)};
+      "/usr/bin/python3", "-m", "numa_loader.consume", "--json",
+      "--job-id", ServiceJobId(a.parent_pid), "--rank", std::to_string(rank),
+      "--timeout", std::to_string(static_cast<int>(kBatchTimeoutS)),
+      "--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))};
+  // clang-format on
   NL_ASSIGN_OR_RETURN(nl::bench::ChildProcess py,
                       nl::bench::ChildProcess::Start(cmd, {"PYTHONPATH=" + pythonpath},
                                                      py_out.get(), py_err.get()));
@@ -396,9 +408,9 @@ nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve
   while (!py.Exited(&e)) {
     nl::bench::ChildExit se;
     if (serve->Exited(&se) && !se.Succeeded()) {
-      return nl::Status::Unavailable("loader serve for rank " + std::to_string(rank) + " ended (" +
-                                     se.Describe() + ") while the Python consumer ran: " +
-                                     nl::bench::TailOf(log_fd, 3));
+      return nl::Status::Unavailable(
+          "loader serve for rank " + std::to_string(rank) + " ended (" + se.Describe() +
+          ") while the Python consumer ran: " + nl::bench::TailOf(log_fd, 3));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -460,17 +472,16 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   const double secs = got.stream_s;
   if (!served.ok()) return error(served.status());
   if (!served->Succeeded()) {
-    return error(nl::Status::Internal("loader serve for rank " + std::to_string(rank) +
-                                      " ended (" + served->Describe() +
+    return error(nl::Status::Internal("loader serve for rank " + std::to_string(rank) + " ended (" +
+                                      served->Describe() +
                                       "): " + nl::bench::TailOf(log->get(), 3)));
   }
   for (const std::string& line : nl::bench::LinesWith(log->get(), "[Affinity]"))
     std::fprintf(stderr, "%s (loader serve)\n", line.c_str());
   const double cpu = CpuSeconds() - cpu0 + CpuSecondsOf(served->usage) + got.python_cpu_s;
   const auto [anon, file] = Rss();
-  const uint64_t sample_bytes = got.sample_bytes
-                                    ? got.sample_bytes
-                                    : nl::SampleTransform(a.pipeline.transform).SampleBytes();
+  const uint64_t sample_bytes =
+      got.sample_bytes ? got.sample_bytes : nl::SampleTransform(a.pipeline.transform).SampleBytes();
   r["images"] = got.images;
   r["batches"] = got.batches;
   r["seconds"] = secs;
@@ -716,10 +727,9 @@ void PrintTable(const Args& a, const json& all) {
       std::printf("%-4d error: %s\n", j.value("rank", -1), j.value("error", std::string()).c_str());
       continue;
     }
-    std::printf("%-4d %-6d %-14s %-4d %10.0f %9.1f %9s %9s %10.1f %6.2f %9.1f",
-                j.value("rank", -1), j.value("numa_node", -1),
-                j.value("loader_cpus", std::string()).c_str(), j.value("threads", 0),
-                j.value("images_per_s", 0.0), j.value("mb_per_s", 0.0),
+    std::printf("%-4d %-6d %-14s %-4d %10.0f %9.1f %9s %9s %10.1f %6.2f %9.1f", j.value("rank", -1),
+                j.value("numa_node", -1), j.value("loader_cpus", std::string()).c_str(),
+                j.value("threads", 0), j.value("images_per_s", 0.0), j.value("mb_per_s", 0.0),
                 Cell(j, "wait_ms_mean", "%.3f").c_str(), Cell(j, "wait_ms_p95", "%.3f").c_str(),
                 j.value("cpu_us_per_image", 0.0), j.value("cores_used", 0.0),
                 j.value("rss_anon_mib", 0.0));
@@ -798,8 +808,7 @@ nl::Status CheckModeOptions(const Args& a) {
         "it can: drop --step-ms or use --consumer cpp");
   }
   if (a.consumer == "python" && !a.record_indices.empty()) {
-    return nl::Status::InvalidArgument(
-        "--record-indices needs the C++ consumer (--consumer cpp)");
+    return nl::Status::InvalidArgument("--record-indices needs the C++ consumer (--consumer cpp)");
   }
   NL_RETURN_IF_ERROR(LoaderPath(a).status());
   if (a.consumer == "python") NL_RETURN_IF_ERROR(PythonPackageParent().status());
@@ -833,11 +842,12 @@ json Compare(const json& in, const json& sv) {
     if (i.contains("error") || s.contains("error") || i.value("batches", 0) == 0) continue;
     const double batch_ms = i.value("seconds", 0.0) / i.value("batches", 1) * 1e3;
     const double cost_us = s.value("consumer_us_mean", 0.0);
-    c["consumer_cost"].push_back({{"rank", r},
-                                  {"consumer", s.value("consumer", std::string())},
-                                  {"per_batch_us", cost_us},
-                                  {"inprocess_batch_ms", batch_ms},
-                                  {"percent_of_batch", batch_ms > 0 ? cost_us / 10 / batch_ms : 0}});
+    c["consumer_cost"].push_back(
+        {{"rank", r},
+         {"consumer", s.value("consumer", std::string())},
+         {"per_batch_us", cost_us},
+         {"inprocess_batch_ms", batch_ms},
+         {"percent_of_batch", batch_ms > 0 ? cost_us / 10 / batch_ms : 0}});
   }
   return c;
 }
