@@ -97,12 +97,14 @@ Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
 
 ChildProcess::~ChildProcess() { Kill(); }
 
-ChildProcess::ChildProcess(ChildProcess&& o) noexcept : pid_(std::exchange(o.pid_, -1)) {}
+ChildProcess::ChildProcess(ChildProcess&& o) noexcept
+    : pid_(std::exchange(o.pid_, -1)), exit_(o.exit_) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
   if (this != &o) {
     Kill();
     pid_ = std::exchange(o.pid_, -1);
+    exit_ = o.exit_;
   }
   return *this;
 }
@@ -110,18 +112,20 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
 void ChildProcess::Kill() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);
-  while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+  while (wait4(pid_, &exit_.status, 0, &exit_.usage) < 0 && errno == EINTR) {
   }
   pid_ = -1;
 }
 
 bool ChildProcess::Exited(ChildExit* e) {
-  if (pid_ <= 0) return true;
-  ChildExit got;
-  const pid_t r = wait4(pid_, &got.status, WNOHANG, &got.usage);
-  if (r == 0 || (r < 0 && errno == EINTR)) return false;
-  pid_ = -1;  // reaped (or not ours to wait for any more)
-  if (e) *e = got;
+  if (pid_ > 0) {
+    ChildExit got;
+    const pid_t r = wait4(pid_, &got.status, WNOHANG, &got.usage);
+    if (r == 0 || (r < 0 && errno == EINTR)) return false;
+    exit_ = got;  // (r < 0: not ours to wait for any more)
+    pid_ = -1;
+  }
+  if (e) *e = exit_;
   return true;
 }
 
@@ -130,7 +134,7 @@ Result<ChildExit> ChildProcess::WaitFor(double timeout_s, const std::string& wha
   const auto start = Clock::now();
   ChildExit e;
   if (timeout_s < 0) {
-    if (pid_ <= 0) return e;
+    if (pid_ <= 0) return exit_;
     while (wait4(pid_, &e.status, 0, &e.usage) < 0) {
       if (errno != EINTR) {
         const int err = errno;
@@ -139,6 +143,7 @@ Result<ChildExit> ChildProcess::WaitFor(double timeout_s, const std::string& wha
       }
     }
     pid_ = -1;
+    exit_ = e;
     return e;
   }
   while (!Exited(&e)) {

@@ -48,7 +48,7 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   pid_t pid() const { return pid_; }
-  // Whether it has exited (then *e is filled and the object is done with it).
+  // Whether it has exited; then *e is filled (on this and every later call).
   bool Exited(ChildExit* e);
   // Waits up to timeout_s (< 0: no limit); past it the child is killed and
   // reaped, and the result is DeadlineExceeded naming `what`.
@@ -58,7 +58,8 @@ class ChildProcess {
 
  private:
   explicit ChildProcess(pid_t pid) : pid_(pid) {}
-  pid_t pid_ = -1;
+  pid_t pid_ = -1;  // -1 once reaped
+  ChildExit exit_;  // once reaped
 };
 
 // The last `max_lines` lines of what a descriptor (a memfd or file the child
