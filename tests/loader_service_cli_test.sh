@@ -126,6 +126,25 @@ fi
 wait "$SP" 2>/dev/null
 nothing_left "$JOB-k1" "after kill -9 of the producer"
 
+# --- a producer that crashes says so -------------------------------------------
+for sig in SEGV ABRT; do
+  serve x1 "${COMMON[@]}" --job-id "$JOB-x$sig"
+  "$L" consume --job-id "$JOB-x$sig" --timeout 60 >"$W/x1c.out" 2>&1 &
+  CP=$!
+  pids+=("$CP")
+  sleep 0.5
+  kill -"$sig" "$SP"
+  wait_exit "$CP" 20
+  check_rc $? 1 "consume fails when its producer gets SIG$sig"
+  if grep -q "pid $SP) failed: crashed with SIG$sig" "$W/x1c.out"; then
+    ok "the error says the producer crashed with SIG$sig"
+  else
+    fail "SIG$sig: $(cat "$W/x1c.out")"
+  fi
+  wait "$SP" 2>/dev/null
+  nothing_left "$JOB-x$sig" "after SIG$sig"
+done
+
 # --- kill -9 the consumer ----------------------------------------------------
 serve k2 "${COMMON[@]}" --job-id "$JOB-k2"
 "$L" consume --job-id "$JOB-k2" >/dev/null 2>&1 &
@@ -137,6 +156,25 @@ wait_exit "$SP" 10
 check_rc $? 1 "serve exits (1) when its consumer is killed"
 if grep -q "went away without detaching" "$W/k2.log"; then ok "serve says the consumer went away"; else fail "$(cat "$W/k2.log")"; fi
 nothing_left "$JOB-k2" "after kill -9 of the consumer"
+# Again, at random moments: a consumer killed inside a wait must never leave
+# the producer blocked (glibc condition variables would: hence semaphores),
+# so each producer ends by itself, not by its one-second last resort.
+hung=0
+for i in 1 2 3 4 5 6; do
+  serve k3 "${COMMON[@]}" --job-id "$JOB-k3-$i" --prefetch 1
+  "$L" consume --job-id "$JOB-k3-$i" >/dev/null 2>&1 &
+  CP=$!
+  sleep "0.$((RANDOM % 4 + 2))"
+  kill -9 "$CP"
+  wait "$CP" 2>/dev/null
+  wait_exit "$SP" 10
+  rc=$?
+  if [ "$rc" -ne 1 ] || ! grep -q "went away without detaching" "$W/k3.log"; then
+    hung=$((hung + 1))
+    sed 's/^/    /' "$W/k3.log"
+  fi
+done
+check_rc "$hung" 0 "six consumers killed at random moments: each producer notices and ends by itself"
 
 # --- SIGTERM and SIGINT ------------------------------------------------------
 serve t1 "${COMMON[@]}" --job-id "$JOB-t1"

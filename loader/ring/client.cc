@@ -242,7 +242,7 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
           ++c.consumed;
           if (s->generation != generation) {  // published before our seek: drop it
             s->state = static_cast<uint32_t>(SlotState::kFree);
-            c.on_free.notify_all();
+            Wake(c.on_free, c.producer_waiting);
             continue;
           }
           s->state = static_cast<uint32_t>(SlotState::kTaken);
@@ -282,7 +282,7 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
         }
         if (peer_closed) return m.Gone();
         const auto w0 = Clock::now();
-        c.on_publish.timed_wait(lock, In(kSliceMs));
+        SleepUntilWoken(lock, c.on_publish, c.consumer_waiting, kSliceMs);
         waited_s += Since(w0);
       } else if (peer_closed) {
         return m.Gone();  // it died holding the lock: nothing in the ring can be trusted
@@ -309,7 +309,7 @@ Status RingClient::Release(const RingBatch& b) {
     RingLock lock = TryLockFor(m.h->control, kSliceMs);
     if (lock.owns()) {
       m.Slot(b.slot)->state = static_cast<uint32_t>(SlotState::kFree);
-      m.h->control.on_free.notify_all();
+      Wake(m.h->control.on_free, m.h->control.producer_waiting);
       m.taken[b.slot] = 0;
       --m.held;
       return Status::Ok();
@@ -355,7 +355,7 @@ Status RingClient::Seek(uint64_t epoch, uint64_t batch) {
       m.have_next = true;
       m.next_epoch = epoch;
       m.next_batch = batch;
-      c.on_free.notify_all();
+      Wake(c.on_free, c.producer_waiting);
       return Status::Ok();
     }
     if (PeerClosed(m.conn.get())) break;

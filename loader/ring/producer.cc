@@ -32,10 +32,10 @@ struct RingProducer::Impl {
   std::string refusal;  // what a refusing consumer said
 
   ~Impl() {
-    // The header's mutex and conditions are not destroyed: a consumer killed
-    // inside a wait stays counted as a waiter, and pthread_cond_destroy would
-    // wait for it forever. They live in the segment, which goes with the
-    // last mapping (plain data: nothing else to release).
+    // The header's mutex and semaphores are not destroyed: the consumer may
+    // still use them (its mapping outlives us), and a destroy would race a
+    // killed peer's state. They are plain memory in the segment, which goes
+    // with the last mapping.
     if (base != MAP_FAILED) ::munmap(base, bytes);
   }
   void Log(const std::string& line) const {
@@ -199,7 +199,7 @@ Status RingProducer::WaitForFreeSlot(double timeout_s, const std::atomic<bool>* 
         if (SlotAt(m.h, slot)->state == static_cast<uint32_t>(SlotState::kFree)) {
           return Status::Ok();
         }
-        m.c().on_free.timed_wait(lock, In(kSliceMs));
+        SleepUntilWoken(lock, m.c().on_free, m.c().producer_waiting, kSliceMs);
       }
     }
     const double waited =
@@ -230,7 +230,7 @@ Status RingProducer::Publish(const BatchMeta& meta, uint64_t generation) {
   s->state = static_cast<uint32_t>(SlotState::kReady);
   ++c.published;
   c.last_publish_ns = MonotonicNs();
-  c.on_publish.notify_all();
+  Wake(c.on_publish, c.consumer_waiting);
   return Status::Ok();
 }
 
@@ -266,7 +266,7 @@ Status RingProducer::Reclaim(uint64_t id, double timeout_s, const std::atomic<bo
           std::memset(m.h->error, 0, kErrorBytes);
           return Status::Ok();
         }
-        m.c().on_free.timed_wait(lock, In(kSliceMs));
+        SleepUntilWoken(lock, m.c().on_free, m.c().producer_waiting, kSliceMs);
       }
     }
     const double waited =
@@ -280,7 +280,8 @@ Status RingProducer::Reclaim(uint64_t id, double timeout_s, const std::atomic<bo
 void RingProducer::WaitForConsumerEvent(double timeout_s) {
   RingLock lock = TryLockFor(impl_->c(), kSliceMs);
   if (!lock.owns()) return;
-  impl_->c().on_free.timed_wait(lock, In(static_cast<int>(timeout_s * 1000)));
+  SleepUntilWoken(lock, impl_->c().on_free, impl_->c().producer_waiting,
+                  static_cast<int>(timeout_s * 1000));
 }
 
 bool RingProducer::IsFree(uint64_t position) const {
@@ -317,7 +318,7 @@ void RingProducer::Finish(ProducerState state, const std::string& error) {
       m.c().activity = static_cast<uint32_t>(Activity::kEnded);
       m.c().activity_since_ns = MonotonicNs();
     }
-    m.c().on_publish.notify_all();
+    Wake(m.c().on_publish, m.c().consumer_waiting);
   }
 }
 

@@ -7,8 +7,8 @@
 // CheckGeometry() has accepted the header against the segment's real size.
 #pragma once
 
-#include <boost/interprocess/sync/interprocess_condition.hpp>
 #include <boost/interprocess/sync/interprocess_mutex.hpp>
+#include <boost/interprocess/sync/interprocess_semaphore.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -83,11 +83,19 @@ struct SlotHeader {
   BatchMeta meta;            // written by the pipeline before publication
 };
 
+// Wake-ups are semaphores, not condition variables: glibc's
+// pthread_cond_broadcast can wait for a waiter that was killed inside
+// pthread_cond_wait (it never confirms its wake-up), which would hang the
+// survivor. sem_post never waits for anyone. A side posts only when the
+// other has said (under the mutex) that it is about to wait, so the counts
+// stay at 0 or 1.
 struct Control {
   boost::interprocess::interprocess_mutex mutex;
-  boost::interprocess::interprocess_condition on_publish;  // producer -> consumer
-  boost::interprocess::interprocess_condition on_free;     // consumer -> producer: freed, seek
+  boost::interprocess::interprocess_semaphore on_publish{0};  // producer -> consumer
+  boost::interprocess::interprocess_semaphore on_free{0};     // consumer -> producer: freed, seek
   // Guarded by mutex:
+  uint32_t consumer_waiting = 0;  // the consumer waits on on_publish
+  uint32_t producer_waiting = 0;  // the producer waits on on_free
   uint32_t state = 0;          // ProducerState
   uint32_t activity = 0;       // Activity
   uint64_t activity_since_ns = 0;  // CLOCK_MONOTONIC (shared by both processes)

@@ -38,6 +38,51 @@ class SlotSource : public BufferSource {
   uint64_t base_;
 };
 
+// The ring's error text, for the crash handler: a producer that crashes
+// (SIGSEGV, SIGABRT, ...) says so to its consumer before it dies.
+std::atomic<char*> g_error_text{nullptr};
+struct sigaction g_previous[32];
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+
+extern "C" void OnCrash(int sig, siginfo_t* info, void* context) {
+  if (char* text = g_error_text.load()) {
+    const char* name = sig == SIGSEGV   ? "SIGSEGV"
+                       : sig == SIGBUS  ? "SIGBUS"
+                       : sig == SIGABRT ? "SIGABRT"
+                       : sig == SIGFPE  ? "SIGFPE"
+                                        : "SIGILL";
+    static const char kHead[] = "crashed with ";
+    static const char kTail[] = " (see its standard error)";
+    size_t n = 0;
+    for (const char* p : {kHead, name, kTail}) {
+      for (; *p != '\0' && n + 1 < ring::kErrorBytes; ++p) text[n++] = *p;
+    }
+    text[n] = '\0';
+  }
+  // Whatever handled it before (the shard reader's SIGBUS naming, a
+  // sanitizer, the default) runs next: once this returns, a fault happens
+  // again; a signal that was sent is raised again.
+  ::sigaction(sig, &g_previous[sig], nullptr);
+  if (info == nullptr || info->si_code <= 0) ::raise(sig);
+  (void)context;
+}
+
+void InstallCrashReport(char* error_text) {
+  g_error_text = error_text;
+  for (int sig : kCrashSignals) {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnCrash;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, &g_previous[sig]);
+  }
+}
+
+void RemoveCrashReport() {
+  for (int sig : kCrashSignals) ::sigaction(sig, &g_previous[sig], nullptr);
+  g_error_text = nullptr;
+}
+
 std::string SignalName(int sig) {
   if (sig == SIGINT) return "SIGINT";
   if (sig == SIGTERM) return "SIGTERM";
@@ -106,6 +151,10 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
   spec.log = cfg.log;
   NL_ASSIGN_OR_RETURN(std::unique_ptr<RingProducer> producer, RingProducer::Create(spec));
   const uint32_t slots = producer->slot_count();
+  InstallCrashReport(producer->header()->error);
+  struct Uninstall {
+    ~Uninstall() { RemoveCrashReport(); }
+  } uninstall;
   if (cfg.on_listening) cfg.on_listening();
 
   std::atomic<bool> stop{false}, attached{false}, done{false}, consumer_gone{false};
@@ -276,7 +325,10 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       }
       {
         std::unique_lock lock(mu);
-        if (outstanding.size() >= slots) {  // the next batch's slot is still the consumer's
+        // The pipeline writes its batch `delivered` into the buffer of batch
+        // delivered - K, so that one must be back. (The consumer may release
+        // out of order: a count of outstanding batches is not enough.)
+        if (!outstanding.empty() && outstanding.front().view.sequence + slots <= delivered) {
           if (full_since == Clock::time_point{}) full_since = Clock::now();
           producer->SetActivity(ring::Activity::kWaitingForSlot);
           cv.wait_for(lock, std::chrono::milliseconds(50));
