@@ -2,6 +2,13 @@
 // this machine, each with its loader pool bound per the binding plan,
 // consuming as fast as possible or at a simulated compute rate (--step-ms),
 // and prints a per-rank table (or --json).
+//
+// --mode service: each rank process starts a real `loader serve` for its
+// rank (the same options, threads and cores) and consumes its ring, in C++
+// (RingClient) or, with --consumer python, through `python3 -m
+// numa_loader.consume`; the rows add the consumer's per-batch cost (time in
+// Next+Release less the time spent waiting for the producer). --mode both
+// runs inprocess, then service, and prints the ratio of their throughputs.
 #include <poll.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -22,6 +29,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench/child_process.h"
 #include "formats/worker_pool.h"
 #include "loader/cli/cli_options.h"
 #include "loader/pipeline/pipeline.h"
@@ -30,6 +38,7 @@
 #include "loader/plan/gpu_order.h"
 #include "loader/plan/job_plan.h"
 #include "loader/plan/topology.h"
+#include "loader/ring/client.h"
 
 extern "C" char** environ;
 
@@ -51,13 +60,35 @@ struct Args {
   nl::PipelineConfig pipeline;
   nl::PipelineFlags pflags;
   nl::TransformFlags tflags;
+  std::string mode = "inprocess";  // inprocess, service or both
+  std::string child_mode;          // a rank process: the mode it runs
+  std::string consumer = "cpp";    // service: cpp (RingClient) or python
+  std::string loader_path;         // --loader; empty: `loader` beside this program
+  // The data, pipeline and transform options as given, passed on to `loader serve`.
+  std::vector<std::string> serve_options;
 };
+
+// The p-th percentile (0..100) of sorted values, 0 for none.
+double Percentile(const std::vector<double>& sorted, int p) {
+  if (sorted.empty()) return 0;
+  return sorted[std::min(sorted.size() - 1, sorted.size() * static_cast<size_t>(p) / 100)];
+}
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+double CpuSecondsOf(const rusage& u) {
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
 
 double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
-         u.ru_stime.tv_usec * 1e-6;
+  return CpuSecondsOf(u);
 }
 
 // RssAnon / RssFile from /proc/self/status, in MiB.
@@ -72,6 +103,12 @@ std::pair<double, double> Rss() {
   return {anon, file};
 }
 
+// A rank's loader threads: --threads-per-rank, else its plan's loader cpus.
+uint32_t RankThreads(const Args& a, const nl::RankPlan& plan) {
+  return a.threads ? a.threads
+                   : std::max<uint32_t>(1, static_cast<uint32_t>(plan.loader_cpus.size()));
+}
+
 json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, bool binds,
              int rank) {
   json r;
@@ -79,8 +116,7 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   nl::PipelineConfig c = a.pipeline;
   c.rank = rank;
   c.world = a.ranks;
-  c.threads =
-      a.threads ? a.threads : std::max<uint32_t>(1, static_cast<uint32_t>(plan.loader_cpus.size()));
+  c.threads = RankThreads(a, plan);
   nl::BindReport trainer;
   if (binds) {
     trainer = nl::BindThisThread(topo, plan.trainer_cpus, plan.mem_node);
@@ -135,9 +171,7 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   const auto [anon, file] = Rss();
   std::vector<double> sorted = waits;
   std::sort(sorted.begin(), sorted.end());
-  double mean = 0;
-  for (double w : waits) mean += w;
-  mean = waits.empty() ? 0 : mean / waits.size();
+  const double mean = Mean(waits);
   const double bytes = static_cast<double>(images) * (*p)->sample_bytes();
   r["images"] = images;
   r["batches"] = waits.size();
@@ -145,8 +179,7 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   r["images_per_s"] = secs > 0 ? images / secs : 0;
   r["mb_per_s"] = secs > 0 ? bytes / secs / 1e6 : 0;
   r["wait_ms_mean"] = mean;
-  r["wait_ms_p95"] =
-      sorted.empty() ? 0 : sorted[std::min(sorted.size() - 1, sorted.size() * 95 / 100)];
+  r["wait_ms_p95"] = Percentile(sorted, 95);
   r["cpu_us_per_image"] = images ? cpu / images * 1e6 : 0;
   r["cores_used"] = secs > 0 ? cpu / secs : 0;
   r["threads"] = c.threads;
@@ -163,6 +196,324 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   if (!a.record_indices.empty()) {
     json e = json::array();
     for (auto& [epoch, v] : epoch_indices)
+      e.push_back({{"rank", rank}, {"epoch", epoch}, {"indices", v}});
+    r["epoch_indices"] = e;
+  }
+  return r;
+}
+
+// ---- --mode service: one `loader serve` per rank, consumed through its ring ----
+
+// Seconds the consumer waits for its serve to appear, and for a batch.
+constexpr double kAttachLimitS = 60;
+constexpr double kBatchTimeoutS = 60;
+// Seconds a serve (or the Python consumer) may take to exit once its stream is done.
+constexpr double kExitLimitS = 10;
+
+// The directory this program lies in (from /proc/self/exe).
+std::string ProgramDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  const std::string self(buf, static_cast<size_t>(n));
+  const size_t slash = self.rfind('/');
+  return slash == std::string::npos ? "." : self.substr(0, slash);
+}
+
+// The `loader` binary: --loader, else the one beside this program.
+nl::Result<std::string> LoaderPath(const Args& a) {
+  const std::string path = a.loader_path.empty() ? ProgramDir() + "/loader" : a.loader_path;
+  if (access(path.c_str(), X_OK) != 0) {
+    return nl::Status::FromErrno(
+        "--mode " + a.mode + " runs `loader serve` from " + path +
+            ", which is not an executable file (build the `loader` target, or give --loader PATH)",
+        errno);
+  }
+  return path;
+}
+
+// <build>/python, where the build lays out the numa_loader package (this
+// program is <build>/bin/loader_bench).
+nl::Result<std::string> PythonPackageParent() {
+  const std::string bin = ProgramDir();
+  const size_t slash = bin.rfind('/');
+  const std::string dir =
+      (slash == std::string::npos ? std::string(".") : bin.substr(0, slash)) + "/python";
+  const std::string module = dir + "/numa_loader/consume.py";
+  if (access(module.c_str(), R_OK) != 0) {
+    return nl::Status::NotFound(
+        "--consumer python runs /usr/bin/python3 -m numa_loader.consume with PYTHONPATH=" + dir +
+        ", but there is no " + module +
+        " (the numa_loader package is built there by the numa_loader_py target, once the "
+        "Python client is part of this tree)");
+  }
+  return dir;
+}
+
+// One job id per loader_bench run (its pid): each rank serves and attaches as its rank.
+std::string ServiceJobId(long parent_pid) { return "loader_bench-" + std::to_string(parent_pid); }
+
+std::string JoinPlans(const nl::BindingPlan& plan,
+                      const std::function<std::string(const nl::RankPlan&)>& f, const char* sep) {
+  std::string out;
+  for (const nl::RankPlan& r : plan.ranks) out += (out.empty() ? "" : sep) + f(r);
+  return out;
+}
+
+// `loader serve` for one rank: this run's data, pipeline and transform
+// options, its epochs and threads, and its plan: every local rank's cpus
+// (trainer and loader, which serve splits the same way) and NUMA node, or
+// --no-bind.
+std::vector<std::string> ServeCommand(const Args& a, const std::string& loader,
+                                      const nl::JobPlan& job, bool binds, int rank,
+                                      uint32_t threads) {
+  const std::string r = std::to_string(rank), world = std::to_string(a.ranks);
+  std::vector<std::string> cmd = {loader, "serve"};
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, std::string>>{
+           {"--job-id", ServiceJobId(a.parent_pid)},
+           {"--rank", r},
+           {"--world-size", world},
+           {"--local-rank", r},
+           {"--local-world-size", world},
+           {"--epochs", std::to_string(a.pipeline.epochs)},
+           {"--threads", std::to_string(threads)},
+           {"--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))}}) {
+    cmd.push_back(flag);
+    cmd.push_back(value);
+  }
+  cmd.insert(cmd.end(), a.serve_options.begin(), a.serve_options.end());
+  if (binds) {
+    cmd.push_back("--cpu-affinity");
+    cmd.push_back(JoinPlans(
+        job.plan,
+        [](const nl::RankPlan& p) {
+          nl::CpuList all = p.trainer_cpus;
+          all.insert(all.end(), p.loader_cpus.begin(), p.loader_cpus.end());
+          std::sort(all.begin(), all.end());
+          all.erase(std::unique(all.begin(), all.end()), all.end());
+          return nl::FormatCpuList(all);
+        },
+        ";"));
+    cmd.push_back("--numa-node");
+    cmd.push_back(JoinPlans(
+        job.plan, [](const nl::RankPlan& p) { return std::to_string(p.numa_node); }, ","));
+  } else {
+    cmd.push_back("--no-bind");
+  }
+  if (a.plan.allow_shared_cores) cmd.push_back("--allow-shared-cores");
+  if (a.plan.ignore_gpus) cmd.push_back("--ignore-gpus");
+  return cmd;
+}
+
+// What a consumer saw: every batch's time in Next (ms, waits included) and
+// its cost (us: Next+Release less the wait), and the indices when recorded.
+struct Consumed {
+  uint64_t images = 0, batches = 0;
+  std::vector<double> next_ms, cost_us;
+  std::map<uint64_t, std::vector<int64_t>> epoch_indices;
+  double python_cost_us = -1;  // --consumer python: its own mean
+  double python_cpu_s = 0;     // and its process's CPU time
+  uint64_t sample_bytes = 0;
+  // From the attach (the serve opens its pipeline then, as inprocess opens
+  // its own) to the stream's end; and the attach's time since the start.
+  double stream_s = 0;
+  Clock::time_point attached;
+};
+
+// The serve's exit or, when it is still running, how it ended the stream;
+// with its log's last lines.
+std::string ServeContext(nl::bench::ChildProcess* serve, int log_fd) {
+  nl::bench::ChildExit e;
+  const std::string state = serve->Exited(&e) ? "loader serve ended (" + e.Describe() + ")"
+                                              : "loader serve still running";
+  const std::string tail = nl::bench::TailOf(log_fd, 3);
+  return state + (tail.empty() ? "" : "; its log: " + tail);
+}
+
+// Attaches to the rank's serve, retrying while it starts (it must bind its
+// socket first); a serve that exits before that is an error with its log.
+nl::Result<std::unique_ptr<nl::RingClient>> AttachToServe(const std::string& job_id, int rank,
+                                                          nl::bench::ChildProcess* serve,
+                                                          int log_fd) {
+  const auto start = Clock::now();
+  while (true) {
+    nl::Result<std::unique_ptr<nl::RingClient>> c = nl::RingClient::Attach(job_id, rank, 0.1);
+    if (c.ok() || c.status().code() != nl::StatusCode::kNotFound) return c;
+    nl::bench::ChildExit e;
+    if (serve->Exited(&e)) {
+      const std::string tail = nl::bench::TailOf(log_fd, 3);
+      return nl::Status::Unavailable("loader serve for rank " + std::to_string(rank) + " ended (" +
+                                     e.Describe() + ") before the consumer attached" +
+                                     (tail.empty() ? "" : ": " + tail));
+    }
+    if (std::chrono::duration<double>(Clock::now() - start).count() >= kAttachLimitS) {
+      return c.status().WithContext("rank " + std::to_string(rank) + " after " +
+                                    std::to_string(kAttachLimitS) + " s");
+    }
+  }
+}
+
+// The C++ consumer: every batch through RingClient, --step-ms between Next and Release.
+nl::Status ConsumeCpp(const Args& a, int rank, nl::bench::ChildProcess* serve, int log_fd,
+                      Consumed* out) {
+  NL_ASSIGN_OR_RETURN(std::unique_ptr<nl::RingClient> client,
+                      AttachToServe(ServiceJobId(a.parent_pid), rank, serve, log_fd));
+  out->sample_bytes = client->info().geometry.sample_bytes;
+  out->attached = Clock::now();
+  while (true) {
+    const auto n0 = Clock::now();
+    nl::Result<nl::RingBatch> b = client->Next(kBatchTimeoutS);
+    const double next_s = std::chrono::duration<double>(Clock::now() - n0).count();
+    if (!b.ok()) {
+      if (b.status().code() == nl::StatusCode::kOutOfRange) break;  // the last epoch is out
+      return nl::Status(b.status().code(),
+                        b.status().message() + " [" + ServeContext(serve, log_fd) + "]");
+    }
+    out->images += b->size;
+    ++out->batches;
+    out->next_ms.push_back(next_s * 1e3);
+    if (!a.record_indices.empty()) {
+      auto& v = out->epoch_indices[b->epoch];
+      v.insert(v.end(), b->indices, b->indices + b->size);
+    }
+    if (a.step_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.step_ms));
+    const auto r0 = Clock::now();
+    NL_RETURN_IF_ERROR(client->Release(*b));
+    const double release_s = std::chrono::duration<double>(Clock::now() - r0).count();
+    out->cost_us.push_back((std::max(0.0, next_s - b->wait_s) + release_s) * 1e6);
+  }
+  out->stream_s = std::chrono::duration<double>(Clock::now() - out->attached).count();
+  return nl::Status::Ok();  // the client detaches as it goes: the serve then exits
+}
+
+// The Python consumer: `python3 -m numa_loader.consume --json`, its JSON
+// read back. A serve that fails first ends it at once (not after its timeouts).
+nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve, int log_fd,
+                         Consumed* out) {
+  NL_ASSIGN_OR_RETURN(std::string pythonpath, PythonPackageParent());
+  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_out, nl::bench::MakeLogFd("numa_loader-consume-out"));
+  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_err, nl::bench::MakeLogFd("numa_loader-consume-err"));
+  // clang-format off
+  const std::vector<std::string> cmd = {
+      "/usr/bin/python3", "-m", "numa_loader.consume", "--json",
+      "--job-id", ServiceJobId(a.parent_pid), "--rank", std::to_string(rank),
+      "--timeout", std::to_string(static_cast<int>(kBatchTimeoutS)),
+      "--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))};
+  // clang-format on
+  NL_ASSIGN_OR_RETURN(nl::bench::ChildProcess py,
+                      nl::bench::ChildProcess::Start(cmd, {"PYTHONPATH=" + pythonpath},
+                                                     py_out.get(), py_err.get()));
+  nl::bench::ChildExit e;
+  while (!py.Exited(&e)) {
+    nl::bench::ChildExit se;
+    if (serve->Exited(&se) && !se.Succeeded()) {
+      return nl::Status::Unavailable(
+          "loader serve for rank " + std::to_string(rank) + " ended (" + se.Describe() +
+          ") while the Python consumer ran: " + nl::bench::TailOf(log_fd, 3));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string where = "python3 -m numa_loader.consume (PYTHONPATH=" + pythonpath + ")";
+  if (!e.Succeeded()) {
+    return nl::Status::Internal(where + " ended (" + e.Describe() +
+                                "): " + nl::bench::TailOf(py_err.get(), 3));
+  }
+  const std::string text = nl::bench::TailOf(py_out.get(), 1);
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  for (const char* k : {"per_batch_us", "images", "batches", "seconds"}) {
+    if (j.is_discarded() || !j.is_object() || !j.contains(k) || !j[k].is_number()) {
+      return nl::Status::Internal(where + " printed no '" + k + "' in its JSON: " + text);
+    }
+  }
+  out->python_cost_us = j["per_batch_us"].get<double>();
+  out->python_cpu_s = CpuSecondsOf(e.usage);
+  out->images = j["images"].get<uint64_t>();
+  out->batches = j["batches"].get<uint64_t>();
+  out->stream_s = j["seconds"].get<double>();  // from its attach, as ConsumeCpp's
+  out->attached = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(out->stream_s));
+  return nl::Status::Ok();
+}
+
+json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& plan, bool binds,
+                    int rank) {
+  json r;
+  r["rank"] = rank;
+  r["mode"] = "service";
+  r["consumer"] = a.consumer;
+  auto error = [&](const nl::Status& st) {
+    r["error"] = st.ToString();
+    return r;
+  };
+  const uint32_t threads = RankThreads(a, plan);
+  nl::Result<std::string> loader = LoaderPath(a);
+  if (!loader.ok()) return error(loader.status());
+  nl::Result<nl::ring::Fd> log = nl::bench::MakeLogFd("loader-serve-log");
+  if (!log.ok()) return error(log.status());
+  const auto t0 = Clock::now();
+  const double cpu0 = CpuSeconds();
+  nl::Result<nl::bench::ChildProcess> serve = nl::bench::ChildProcess::Start(
+      ServeCommand(a, *loader, job, binds, rank, threads), {}, log->get(), log->get());
+  if (!serve.ok()) return error(serve.status());
+  // The consumer on the trainer's cpus, as inprocess; bound after the serve
+  // started, which must not inherit this binding (it binds per the plan).
+  nl::BindReport trainer;
+  if (binds) {
+    trainer = nl::BindThisThread(job.topology, plan.trainer_cpus, plan.mem_node);
+    std::fprintf(stderr, "%s\n", nl::AffinityLine(rank, plan, trainer).c_str());
+  }
+  Consumed got;
+  nl::Status st = a.consumer == "python" ? ConsumePython(a, rank, &*serve, log->get(), &got)
+                                         : ConsumeCpp(a, rank, &*serve, log->get(), &got);
+  if (!st.ok()) return error(st);  // the serve is killed as it goes
+  nl::Result<nl::bench::ChildExit> served = serve->WaitFor(kExitLimitS, "loader serve");
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double secs = got.stream_s;
+  if (!served.ok()) return error(served.status());
+  if (!served->Succeeded()) {
+    return error(nl::Status::Internal("loader serve for rank " + std::to_string(rank) + " ended (" +
+                                      served->Describe() +
+                                      "): " + nl::bench::TailOf(log->get(), 3)));
+  }
+  for (const std::string& line : nl::bench::LinesWith(log->get(), "[Affinity]"))
+    std::fprintf(stderr, "%s (loader serve)\n", line.c_str());
+  const double cpu = CpuSeconds() - cpu0 + CpuSecondsOf(served->usage) + got.python_cpu_s;
+  const auto [anon, file] = Rss();
+  const uint64_t sample_bytes =
+      got.sample_bytes ? got.sample_bytes : nl::SampleTransform(a.pipeline.transform).SampleBytes();
+  r["images"] = got.images;
+  r["batches"] = got.batches;
+  r["seconds"] = secs;
+  // The serve's start (exec, plan, ring) until the attach: not in the rates,
+  // as inprocess's rates leave out its plan.
+  r["startup_s"] = std::chrono::duration<double>(got.attached - t0).count();
+  r["wall_s"] = wall;
+  r["images_per_s"] = secs > 0 ? got.images / secs : 0;
+  r["mb_per_s"] = secs > 0 ? static_cast<double>(got.images) * sample_bytes / secs / 1e6 : 0;
+  if (a.consumer == "python") {
+    r["consumer_us_mean"] = got.python_cost_us;  // the Python consumer reports its mean only
+  } else {
+    std::vector<double> waits = got.next_ms, costs = got.cost_us;
+    std::sort(waits.begin(), waits.end());
+    std::sort(costs.begin(), costs.end());
+    r["wait_ms_mean"] = Mean(waits);
+    r["wait_ms_p95"] = Percentile(waits, 95);
+    r["consumer_us_mean"] = Mean(costs);
+    r["consumer_us_p99"] = Percentile(costs, 99);
+  }
+  r["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;  // consumer(s) and serve
+  r["cores_used"] = wall > 0 ? cpu / wall : 0;
+  r["threads"] = threads;
+  r["loader_cpus"] = binds ? nl::FormatCpuList(plan.loader_cpus) : std::string();
+  r["numa_node"] = binds ? plan.numa_node : -1;
+  r["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
+  r["rss_anon_mib"] = anon;  // the consumer
+  r["rss_file_mib"] = file;
+  r["serve_max_rss_mib"] = served->usage.ru_maxrss / 1024.0;
+  if (!a.record_indices.empty()) {
+    json e = json::array();
+    for (auto& [epoch, v] : got.epoch_indices)
       e.push_back({{"rank", rank}, {"epoch", epoch}, {"indices", v}});
     r["epoch_indices"] = e;
   }
@@ -276,8 +627,14 @@ json RankResult(int rank, pid_t pid, const std::string& out) {
     }
     if (!j.contains("loader_cpus") || !j["loader_cpus"].is_string())
       return MalformedRow(rank, "loader_cpus");
-    for (const char* k : {"images_per_s", "mb_per_s", "wait_ms_mean", "wait_ms_p95",
-                          "cpu_us_per_image", "cores_used", "rss_anon_mib", "seconds"}) {
+    std::vector<const char*> numbers = {"images_per_s", "mb_per_s",     "cpu_us_per_image",
+                                        "cores_used",   "rss_anon_mib", "seconds"};
+    const bool service = j.value("mode", std::string()) == "service";
+    const bool python = j.value("consumer", std::string()) == "python";
+    if (!python) numbers.insert(numbers.end(), {"wait_ms_mean", "wait_ms_p95"});
+    if (service) numbers.push_back("consumer_us_mean");
+    if (service && !python) numbers.push_back("consumer_us_p99");
+    for (const char* k : numbers) {
       if (!j.contains(k) || !j[k].is_number()) return MalformedRow(rank, k);
     }
   } else if (!j["error"].is_string()) {
@@ -352,20 +709,35 @@ json Gather(const Args& a, const RankProcesses& procs, const std::vector<std::st
   return all;
 }
 
+// A number of the row, or "-" when the row has none (the Python consumer's waits).
+std::string Cell(const json& j, const char* key, const char* format) {
+  if (!j.contains(key) || !j[key].is_number()) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, j[key].get<double>());
+  return buf;
+}
+
 void PrintTable(const Args& a, const json& all) {
-  std::printf("%-4s %-6s %-14s %-4s %10s %9s %9s %9s %10s %6s %9s\n", "rank", "node", "loader cpus",
+  const bool service = all.value("mode", std::string()) == "service";
+  std::printf("%-4s %-6s %-14s %-4s %10s %9s %9s %9s %10s %6s %9s", "rank", "node", "loader cpus",
               "thr", "images/s", "MB/s", "wait ms", "wait p95", "cpu us/img", "cores", "anon MiB");
+  std::printf(service ? " %10s %10s\n" : "\n", "cost us", "cost p99");
   for (const auto& j : all["ranks"]) {
     if (j.contains("error")) {
       std::printf("%-4d error: %s\n", j.value("rank", -1), j.value("error", std::string()).c_str());
       continue;
     }
-    std::printf(
-        "%-4d %-6d %-14s %-4d %10.0f %9.1f %9.3f %9.3f %10.1f %6.2f %9.1f\n", j.value("rank", -1),
-        j.value("numa_node", -1), j.value("loader_cpus", std::string()).c_str(),
-        j.value("threads", 0), j.value("images_per_s", 0.0), j.value("mb_per_s", 0.0),
-        j.value("wait_ms_mean", 0.0), j.value("wait_ms_p95", 0.0), j.value("cpu_us_per_image", 0.0),
-        j.value("cores_used", 0.0), j.value("rss_anon_mib", 0.0));
+    std::printf("%-4d %-6d %-14s %-4d %10.0f %9.1f %9s %9s %10.1f %6.2f %9.1f", j.value("rank", -1),
+                j.value("numa_node", -1), j.value("loader_cpus", std::string()).c_str(),
+                j.value("threads", 0), j.value("images_per_s", 0.0), j.value("mb_per_s", 0.0),
+                Cell(j, "wait_ms_mean", "%.3f").c_str(), Cell(j, "wait_ms_p95", "%.3f").c_str(),
+                j.value("cpu_us_per_image", 0.0), j.value("cores_used", 0.0),
+                j.value("rss_anon_mib", 0.0));
+    if (service) {
+      std::printf(" %10s %10s", Cell(j, "consumer_us_mean", "%.1f").c_str(),
+                  Cell(j, "consumer_us_p99", "%.1f").c_str());
+    }
+    std::printf("\n");
   }
   std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n",
               all["total_images_per_s"].get<double>(), a.ranks, a.ranks == 1 ? "" : "s",
@@ -412,6 +784,115 @@ int Fail(const nl::Status& st) {
   return 1;
 }
 
+// The options that only some modes take, refused (not ignored) elsewhere.
+nl::Status CheckModeOptions(const Args& a) {
+  if (a.mode == "inprocess") {
+    if (a.consumer != "cpp")
+      return nl::Status::InvalidArgument("--consumer applies to --mode service or both");
+    if (!a.loader_path.empty())
+      return nl::Status::InvalidArgument("--loader applies to --mode service or both");
+    return nl::Status::Ok();
+  }
+  if (!a.plan.topology_file.empty()) {
+    return nl::Status::InvalidArgument(
+        "--topology plans for a machine described in a file, but --mode " + a.mode +
+        " runs loader serve on this one: use --mode inprocess with --topology");
+  }
+  if (a.mode == "both" && !a.record_indices.empty()) {
+    return nl::Status::InvalidArgument(
+        "--record-indices records one run: use it with --mode inprocess or --mode service");
+  }
+  if (a.consumer == "python" && a.step_ms > 0) {
+    return nl::Status::InvalidArgument(
+        "--step-ms simulates compute in the C++ consumer; the Python consumer reads as fast as "
+        "it can: drop --step-ms or use --consumer cpp");
+  }
+  if (a.consumer == "python" && !a.record_indices.empty()) {
+    return nl::Status::InvalidArgument("--record-indices needs the C++ consumer (--consumer cpp)");
+  }
+  NL_RETURN_IF_ERROR(LoaderPath(a).status());
+  if (a.consumer == "python") NL_RETURN_IF_ERROR(PythonPackageParent().status());
+  return nl::Status::Ok();
+}
+
+// Runs the ranks of one mode, a process each, and gathers their rows.
+nl::Result<json> RunMode(const Args& a, const std::string& mode, IndexFile* rec) {
+  Args m = a;
+  m.argv.push_back("--child-mode");
+  m.argv.push_back(mode);
+  NL_ASSIGN_OR_RETURN(RankProcesses procs, SpawnRanks(m));
+  json all = Gather(a, procs, ReadOutputs(procs.fds), rec);
+  if (mode == "service") {
+    all["mode"] = "service";
+    all["consumer"] = a.consumer;
+  }
+  return all;
+}
+
+// --mode both: the service's throughput as a share of inprocess's, and each
+// rank's consumer cost as a share of its batch's loading time (inprocess:
+// its seconds per batch).
+json Compare(const json& in, const json& sv) {
+  json c;
+  const double ti = in.value("total_images_per_s", 0.0), ts = sv.value("total_images_per_s", 0.0);
+  c["service_vs_inprocess"] = ti > 0 ? ts / ti : 0.0;
+  c["consumer_cost"] = json::array();
+  for (size_t r = 0; r < in["ranks"].size() && r < sv["ranks"].size(); ++r) {
+    const json &i = in["ranks"][r], &s = sv["ranks"][r];
+    if (i.contains("error") || s.contains("error") || i.value("batches", 0) == 0) continue;
+    const double batch_ms = i.value("seconds", 0.0) / i.value("batches", 1) * 1e3;
+    const double cost_us = s.value("consumer_us_mean", 0.0);
+    c["consumer_cost"].push_back(
+        {{"rank", r},
+         {"consumer", s.value("consumer", std::string())},
+         {"per_batch_us", cost_us},
+         {"inprocess_batch_ms", batch_ms},
+         {"percent_of_batch", batch_ms > 0 ? cost_us / 10 / batch_ms : 0}});
+  }
+  return c;
+}
+
+void PrintComparison(const json& c) {
+  std::printf("service/inprocess: %.3f of the in-process images/s (target >= 0.90)\n",
+              c["service_vs_inprocess"].get<double>());
+  for (const auto& r : c["consumer_cost"]) {
+    std::printf(
+        "rank %d: the %s consumer costs %.1f us per batch = %.3f%% of a batch's loading time "
+        "(%.2f ms in-process) (target < 5%%)\n",
+        r.value("rank", -1), r.value("consumer", std::string()).c_str(),
+        r.value("per_batch_us", 0.0), r.value("percent_of_batch", 0.0),
+        r.value("inprocess_batch_ms", 0.0));
+  }
+}
+
+// The data, pipeline and transform options given on the command line, as
+// `loader serve` takes them (it has the same ones: AddPipelineOptions and
+// AddTransformOptions).
+std::vector<std::string> ServeOptionsGiven(const CLI::App& app) {
+  CLI::App shared;
+  nl::PipelineConfig pc;
+  nl::PipelineFlags pf;
+  nl::TransformFlags tf;
+  nl::AddPipelineOptions(&shared, &pc, &pf);
+  nl::AddTransformOptions(&shared, &pc.transform, &tf);
+  std::vector<std::string> out;
+  for (const CLI::Option* o : shared.get_options()) {
+    if (o == shared.get_help_ptr()) continue;
+    const std::string name = o->get_name();
+    const CLI::Option* given = app.get_option_no_throw(name);
+    if (given == nullptr || given->count() == 0) continue;
+    if (given->get_type_size_max() == 0) {  // a flag
+      out.push_back(name);
+      continue;
+    }
+    for (const std::string& v : given->results()) {
+      out.push_back(name);
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
 int Run(Args a) {
   nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
   if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
@@ -434,9 +915,14 @@ int Run(Args a) {
     if (a.child_rank >= a.ranks) return 2;
     if (!DieWithParent(a.parent_pid)) return 1;
     const nl::RankPlan& mine = job->plan.ranks[a.child_rank];
-    std::cout << RunRank(a, job->topology, mine, binds, a.child_rank).dump() << std::endl;
+    const json row = a.child_mode == "service"
+                         ? RunServiceRank(a, *job, mine, binds, a.child_rank)
+                         : RunRank(a, job->topology, mine, binds, a.child_rank);
+    std::cout << row.dump() << std::endl;
     return 0;
   }
+  st = CheckModeOptions(a);
+  if (!st.ok()) return Fail(st);
   for (const std::string& note : job->notes)
     std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
   if (!binds) std::fprintf(stderr, "loader_bench: --bind off: no rank is bound\n");
@@ -451,15 +937,35 @@ int Run(Args a) {
     if (!f.ok()) return Fail(f.status());
     rec = std::move(*f);
   }
-  nl::Result<RankProcesses> procs = SpawnRanks(a);
-  if (!procs.ok()) return Fail(procs.status());
-  const json all = Gather(a, *procs, ReadOutputs(procs->fds), rec.get());
+  std::vector<json> runs;  // inprocess, service or both in that order
+  for (const char* mode : {"inprocess", "service"}) {
+    if (a.mode != mode && a.mode != "both") continue;
+    nl::Result<json> all = RunMode(a, mode, rec.get());
+    if (!all.ok()) return Fail(all.status());
+    runs.push_back(std::move(*all));
+  }
   int rc = 0;
-  for (const auto& j : all["ranks"]) rc = j.contains("error") ? 1 : rc;
-  if (a.json_out) {
-    std::cout << all.dump() << "\n";
+  for (const json& all : runs)
+    for (const auto& j : all["ranks"]) rc = j.contains("error") ? 1 : rc;
+  if (a.mode != "both") {
+    if (a.json_out) {
+      std::cout << runs[0].dump() << "\n";
+    } else {
+      PrintTable(a, runs[0]);
+    }
   } else {
-    PrintTable(a, all);
+    json both = Compare(runs[0], runs[1]);
+    both["inprocess"] = runs[0];
+    both["service"] = runs[1];
+    if (a.json_out) {
+      std::cout << both.dump() << "\n";
+    } else {
+      std::printf("in-process:\n");
+      PrintTable(a, runs[0]);
+      std::printf("service (%s consumer):\n", a.consumer.c_str());
+      PrintTable(a, runs[1]);
+      PrintComparison(both);
+    }
   }
   if (rec) {
     st = rec->Close();
@@ -500,12 +1006,28 @@ int main(int argc, char** argv) {
   app.add_option("--record-indices", a.record_indices,
                  "Write {rank, epoch, indices} JSON lines to FILE");
   app.add_flag("--json", a.json_out, "Print JSON");
+  app.add_option("--mode", a.mode,
+                 "inprocess: the pipeline in each rank process; service: a `loader serve` per "
+                 "rank, consumed through its ring; both: one, then the other, and their ratio")
+      ->check(CLI::IsMember({"inprocess", "service", "both"}))
+      ->capture_default_str();
+  app.add_option("--consumer", a.consumer,
+                 "service: cpp (RingClient in the rank process) or python (python3 -m "
+                 "numa_loader.consume, PYTHONPATH=<build>/python)")
+      ->check(CLI::IsMember({"cpp", "python"}))
+      ->capture_default_str();
+  app.add_option("--loader", a.loader_path,
+                 "service: the loader binary (default: `loader` beside loader_bench)");
   nl::AddPipelineOptions(&app, &a.pipeline, &a.pflags);
   nl::AddTransformOptions(&app, &a.pipeline.transform, &a.tflags);
   app.add_option("--parent-pid", a.parent_pid, "internal: the spawning loader_bench")->group("");
   app.add_option("--child-rank", a.child_rank, "internal: run one rank and print its JSON")
       ->group("");
+  app.add_option("--child-mode", a.child_mode, "internal: the rank's mode")
+      ->check(CLI::IsMember({"inprocess", "service"}))
+      ->group("");
   CLI11_PARSE(app, argc, argv);
   a.argv.assign(argv, argv + argc);
+  a.serve_options = ServeOptionsGiven(app);
   return Run(a);
 }
