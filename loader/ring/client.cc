@@ -238,6 +238,16 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
         const uint64_t pos = c.consumed;
         const uint32_t slot = static_cast<uint32_t>(pos % m.g.slot_count);
         SlotHeader* s = m.Slot(slot);
+        uint64_t holding = 0;
+        {
+          std::lock_guard local(m.mu);
+          holding = m.taken[slot];
+        }
+        if (holding != 0) {  // our own batch occupies the slot the next one needs
+          return Status::FailedPrecondition(
+              "the next batch goes into the slot of a batch this consumer still holds (ring "
+              "position " + std::to_string(holding - 1) + "): release it first");
+        }
         if (s->state == static_cast<uint32_t>(SlotState::kReady) && s->position == pos) {
           ++c.consumed;
           if (s->generation != generation) {  // published before our seek: drop it
@@ -301,11 +311,13 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
 Status RingClient::Release(const RingBatch& b) {
   Impl& m = *impl_;
   std::lock_guard local(m.mu);
-  if (b.slot >= m.g.slot_count || m.taken[b.slot] != b.position + 1) {
+  if (b.slot >= m.g.slot_count || m.taken[b.slot] == 0 || m.taken[b.slot] != b.position + 1) {
     return Status::InvalidArgument("release of batch " + std::to_string(b.sequence) +
                                    ", which is not held (released twice, or never delivered)");
   }
-  for (int i = 0; i < 2000 / kSliceMs; ++i) {
+  // A producer stopped while holding the lock (SIGSTOP) is waited for; only
+  // a closed connection means it is gone.
+  while (true) {
     RingLock lock = TryLockFor(m.h->control, kSliceMs);
     if (lock.owns()) {
       m.Slot(b.slot)->state = static_cast<uint32_t>(SlotState::kFree);
@@ -344,7 +356,7 @@ Status RingClient::Seek(uint64_t epoch, uint64_t batch) {
     }
   }
   if (m.have_next && m.next_epoch == epoch && m.next_batch == batch) return Status::Ok();
-  for (int i = 0; i < 2000 / kSliceMs; ++i) {
+  while (true) {
     RingLock lock = TryLockFor(m.h->control, kSliceMs);
     if (lock.owns()) {
       Control& c = m.h->control;

@@ -46,14 +46,16 @@ struct RingProducer::Impl {
     }
   }
   Control& c() const { return h->control; }
-  // Locks the ring; false after 2 s of trying (the consumer died holding it).
+  // Locks the ring; false only once the consumer is gone (it may have died
+  // holding the lock). A consumer that is merely stopped holding it (SIGSTOP,
+  // a debugger) is waited for: it is not gone. Before a consumer is
+  // attached nobody else can hold it; 2 s is then more than enough.
   bool Lock(RingLock* lock) const {
-    for (int i = 0; i < 2000 / kSliceMs; ++i) {
+    for (int i = 0;; ++i) {
       *lock = TryLockFor(c(), kSliceMs);
       if (lock->owns()) return true;
-      if (conn.valid() && PeerClosed(conn.get())) return false;
+      if (conn.valid() ? PeerClosed(conn.get()) : i >= 2000 / kSliceMs) return false;
     }
-    return false;
   }
 };
 
@@ -262,8 +264,11 @@ Status RingProducer::Reclaim(uint64_t id, double timeout_s, const std::atomic<bo
           m.c().serving_request = id;
           // Running again in the same step: a consumer must never see the
           // new request served while the state still says the old run ended.
-          m.c().state = static_cast<uint32_t>(ProducerState::kRunning);
-          std::memset(m.h->error, 0, kErrorBytes);
+          // A stop or an error stays (its text is what the consumer reports).
+          if (m.c().state == static_cast<uint32_t>(ProducerState::kEnd)) {
+            m.c().state = static_cast<uint32_t>(ProducerState::kRunning);
+            std::memset(m.h->error, 0, kErrorBytes);
+          }
           return Status::Ok();
         }
         SleepUntilWoken(lock, m.c().on_free, m.c().producer_waiting, kSliceMs);
@@ -308,6 +313,10 @@ void RingProducer::Finish(ProducerState state, const std::string& error) {
   Impl& m = *impl_;
   RingLock lock;
   const bool locked = m.Lock(&lock);
+  const auto now = static_cast<ProducerState>(m.c().state);
+  // A stop or an error is final: a later end (or a second error) must not
+  // overwrite the text the consumer will report.
+  if (now == ProducerState::kStopped || now == ProducerState::kError) return;
   // The text goes in even without the lock: the consumer reads it once the
   // connection closes, and nothing else writes it.
   std::memset(m.h->error, 0, kErrorBytes);
@@ -352,6 +361,10 @@ bool RingProducer::ConsumerGone(bool* detached) {
 }
 
 int RingProducer::connection_fd() const { return impl_->conn.get(); }
+std::string RingProducer::refusal() const {
+  std::lock_guard gone_lock(impl_->gone_mu);
+  return impl_->refusal;
+}
 int RingProducer::listen_fd() const { return impl_->listener.get(); }
 
 void RingProducer::RefuseOne() {

@@ -102,6 +102,8 @@ class RingProducer {
   // The connection's descriptor (poll it for POLLIN / POLLHUP) and the
   // listening socket's (later consumers are refused through it).
   int connection_fd() const;
+  // What a consumer that refused the ring said (empty when none did).
+  std::string refusal() const;
   int listen_fd() const;
   // Accepts and refuses one pending connection (a second consumer).
   void RefuseOne();

@@ -19,7 +19,7 @@
 namespace nl::ring {
 
 inline constexpr uint64_t kMagic = 0x31474e49524c4e00ull;  // "\0NLRING1" read little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: semaphore wake-ups (1 had condition variables)
 inline constexpr size_t kPage = 4096;          // slots and pixel areas start on a page
 inline constexpr size_t kErrorBytes = 4096;    // the producer's last words, NUL-terminated
 inline constexpr size_t kJobIdMax = 64;        // bytes of a job id (printable ASCII)

@@ -52,14 +52,24 @@ Result<Fd> ListenAbstract(const std::string& name) {
 Result<Fd> ConnectAbstract(const std::string& name) {
   sockaddr_un addr;
   NL_ASSIGN_OR_RETURN(socklen_t len, AbstractAddress(name, &addr));
-  Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking: a producer whose backlog is full (stopped, or someone
+  // else's socket that never accepts) must not hold the caller past its
+  // timeout; the caller retries.
+  Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return Status::FromErrno("socket(AF_UNIX)", errno);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     const int err = errno;
     if (err == ECONNREFUSED || err == ENOENT) {
       return Status::NotFound("no loader serve is listening on @" + name);
     }
+    if (err == EAGAIN || err == EINTR) {
+      return Status::NotFound("@" + name + " accepts no connection now (its backlog is full)");
+    }
     return Status::FromErrno("connect(@" + name + ")", err);
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return Status::FromErrno("fcntl on the ring socket", errno);
   }
   return fd;
 }

@@ -230,8 +230,18 @@ TEST(RingService, EveryBatchHeldMakesNextFailInsteadOfWaitingForItself) {
   Result<RingBatch> c = (*client)->Next(20.0);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
-  // Released out of order, both come back.
+  // A forged release (a position that wraps) changes nothing.
+  RingBatch forged = *a;
+  forged.slot = 1 - a->slot;
+  forged.position = ~uint64_t{0};
+  EXPECT_EQ((*client)->Release(forged).code(), StatusCode::kInvalidArgument);
+  // Released out of order: with batch 0 still held, batch 2 (its slot) cannot
+  // come, and Next says so instead of waiting for itself.
   ASSERT_TRUE((*client)->Release(*b).ok());
+  Result<RingBatch> blocked = (*client)->Next(20.0);
+  ASSERT_FALSE(blocked.ok());
+  EXPECT_EQ(blocked.status().code(), StatusCode::kFailedPrecondition) << blocked.status().ToString();
+  EXPECT_NE(blocked.status().message().find("release it first"), std::string::npos);
   ASSERT_TRUE((*client)->Release(*a).ok());
   Result<RingBatch> next = (*client)->Next(20.0);
   ASSERT_TRUE(next.ok()) << next.status().ToString();
@@ -290,7 +300,7 @@ TEST(RingSegment, WrongMagicIsRefused) {
 
 TEST(RingSegment, WrongVersionIsRefusedNamingBoth) {
   Status s = AttachToTampered("version", [](ring::Header& h) { h.version = 99; });
-  EXPECT_NE(s.message().find("version 99, this consumer reads version 1"), std::string::npos)
+  EXPECT_NE(s.message().find("version 99, this consumer reads version 2"), std::string::npos)
       << s.ToString();
 }
 

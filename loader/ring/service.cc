@@ -185,7 +185,9 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       }
       pollfd fds[2] = {{-1, 0, 0}, {-1, 0, 0}};
       if (attached.load()) {
-        fds[0] = {producer->connection_fd(), POLLIN | POLLRDHUP, 0};
+        // Once the consumer is gone its socket polls ready at once: stop
+        // watching it (no spinning while the main loop winds down).
+        if (!consumer_gone.load()) fds[0] = {producer->connection_fd(), POLLIN | POLLRDHUP, 0};
         fds[1] = {producer->listen_fd(), POLLIN, 0};
       }
       ::poll(fds, 2, 50);
@@ -381,10 +383,23 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
     close_pipeline();
   }
   report->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  {
+    // The main loop may have seen the consumer go before the watcher did.
+    bool said_bye = false;
+    if (!consumer_gone.load() && producer->ConsumerGone(&said_bye)) {
+      consumer_gone = true;
+      detached = said_bye;
+    }
+  }
   report->detached = detached.load();
   if (!result.ok()) return result.WithContext(who);
   if (stopped_by.load() != 0) {
     return Status::Aborted(who + " was stopped by " + SignalName(stopped_by.load()));
+  }
+  if (consumer_gone.load() && !detached.load() && !producer->refusal().empty()) {
+    return Status::FailedPrecondition(who + ": the consumer (pid " +
+                                      std::to_string(report->consumer_pid) +
+                                      ") refused the ring: " + producer->refusal());
   }
   if (consumer_gone.load() && !detached.load()) {
     return Status::Unavailable(who + ": the consumer (pid " + std::to_string(report->consumer_pid) +
