@@ -248,6 +248,8 @@ check_rc $? 0 "the first pair ends cleanly"
 expect_rc 1 "consume with no producer gives up after --attach-timeout" \
   "$L" consume --job-id "$JOB-none" --attach-timeout 0.3
 expect_text "no loader serve for job $JOB-none, rank 0 appeared within 0.3 s" "and says which job and rank"
+expect_rc 1 "--start-batch without --start-epoch is refused" "$L" consume --job-id x --start-batch 3
+expect_text "--start-batch needs --start-epoch" "saying what is missing"
 expect_rc 1 "a job id with a '/' is refused" "$L" consume --job-id "a/b" --attach-timeout 0
 expect_text "without spaces or '/'" "naming the rule"
 expect_rc 1 "serve --rank 2 --world-size 2 is refused" "$L" serve "${COMMON[@]}" --job-id x --rank 2 --world-size 2

@@ -198,6 +198,9 @@ int RunConsume(const ConsumeArgs& a) {
   const std::string tool = "loader consume";
   auto rank = FromFlagOrEnv(a.rank, "--rank", "RANK", 0, 0, 1 << 20);
   if (!rank.ok()) return Fail(tool, rank.status());
+  if (a.start_batch != 0 && a.start_epoch < 0) {
+    return Fail(tool, Status::InvalidArgument("--start-batch needs --start-epoch"));
+  }
   InstallStopHandlers();
   std::ofstream dump;
   if (!a.dump.empty()) {

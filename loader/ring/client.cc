@@ -139,7 +139,10 @@ Result<std::unique_ptr<RingClient>> RingClient::Attach(const std::string& job_id
   }
   Message hello;
   Fd segment;
-  const double left = timeout_s < 0 ? 30.0 : std::max(1.0, timeout_s - Since(start));
+  // At least 1 s for the hello; at most an hour (and never NaN): the
+  // milliseconds must fit an int.
+  double left = timeout_s < 0 ? 30.0 : std::max(1.0, timeout_s - Since(start));
+  if (!(left <= 3600.0)) left = 3600.0;
   const Status got = ReceiveMessage(m.conn.get(), static_cast<int>(left * 1000), &hello, &segment);
   if (!got.ok()) {
     return Status(got.code(), m.who + " did not hand over its ring: " + got.message());
