@@ -10,7 +10,7 @@ work=${1:-demo-data}
 
 scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$(nproc)" --target pack_tool loader loader_bench
+cmake --build build -j "$(nproc)" --target pack_tool loader loader_bench numa_loader_py
 PT=build/bin/pack_tool
 
 mkdir -p "$work"
@@ -30,4 +30,20 @@ build/bin/loader preview --data "$work/cifar100-packed" --grid "$work/batch-0.pn
   --batch-size 16
 echo "== 7. loader throughput, 2 ranks, one epoch of CIFAR-100 train at 224x224"
 build/bin/loader_bench --data "$work/cifar100-packed" --ranks 2 --batch-size 256 --epochs 1 --allow-shared-cores
+echo "== 8. the loader service: rank 0's loader in its own process, batches through shared memory"
+build/bin/loader serve --data "$work/cifar100-packed" --job-id "demo-$$" --batch-size 256 --epochs 1 \
+  --threads 1 --no-bind &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null' EXIT
+build/bin/loader consume --job-id "demo-$$" --batches 50
+wait "$serve_pid"
+trap - EXIT
+echo "== 9. the same ring from Python (numpy arrays viewing the slots)"
+build/bin/loader serve --data "$work/cifar100-packed" --job-id "demo-py-$$" --batch-size 256 --epochs 1 \
+  --threads 1 --no-bind &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null' EXIT
+PYTHONPATH=build/python /usr/bin/python3 -m numa_loader.consume --job-id "demo-py-$$" --batches 50
+wait "$serve_pid"
+trap - EXIT
 echo "demo done: shard set in $work/cifar100-packed, a batch in $work/batch-0.png"

@@ -162,7 +162,7 @@ int RunServe(ServeArgs& a) {
     return 128 + g_signal.load();
   }
   if (!st.ok()) return Fail(tool, st);
-  std::fprintf(stderr, "%s: the consumer (pid %d) detached after %llu batches (%llu images)\n",
+  std::fprintf(stderr, "%s: the consumer (pid %d) detached; %llu batches (%llu images) were published\n",
                tool.c_str(), report.consumer_pid, static_cast<unsigned long long>(report.batches),
                static_cast<unsigned long long>(report.images));
   return 0;
