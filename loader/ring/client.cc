@@ -45,7 +45,10 @@ struct RingClient::Impl {
 
   std::atomic<bool> in_next{false};
   std::mutex mu;  // guards the fields below (Release may come from another thread)
-  std::vector<uint64_t> taken;  // per slot: position + 1 while we hold it, else 0
+  // Per slot: position + 1 while we hold it, else 0. Written under `mu`;
+  // atomic so that Next() reads it while holding the ring's lock without
+  // taking `mu` (Release takes `mu`, then the ring's lock: no inversion).
+  std::unique_ptr<std::atomic<uint64_t>[]> taken;
   uint32_t held = 0;
   uint64_t sequence = 0;
   uint64_t generation = 0;  // the request our batches must answer
@@ -194,7 +197,7 @@ Result<std::unique_ptr<RingClient>> RingClient::Attach(const std::string& job_id
   m.info.producer_pid = peer.pid;
   m.info.batches_per_epoch = copy.batches_per_epoch;
   m.info.epochs = copy.epochs;
-  m.taken.assign(m.g.slot_count, 0);
+  m.taken.reset(new std::atomic<uint64_t>[m.g.slot_count]());
   m.attached_ns = MonotonicNs();
   {
     RingLock lock = TryLockFor(m.h->control, 1000);
@@ -241,11 +244,7 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
         const uint64_t pos = c.consumed;
         const uint32_t slot = static_cast<uint32_t>(pos % m.g.slot_count);
         SlotHeader* s = m.Slot(slot);
-        uint64_t holding = 0;
-        {
-          std::lock_guard local(m.mu);
-          holding = m.taken[slot];
-        }
+        const uint64_t holding = m.taken[slot].load();
         if (holding != 0) {  // our own batch occupies the slot the next one needs
           return Status::FailedPrecondition(
               "the next batch goes into the slot of a batch this consumer still holds (ring "
