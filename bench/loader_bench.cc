@@ -9,6 +9,7 @@
 // numa_loader.consume`; the rows add the consumer's per-batch cost (time in
 // Next+Release less the time spent waiting for the producer). --mode both
 // runs inprocess, then service, and prints the ratio of their throughputs.
+#include <link.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -21,6 +22,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -387,6 +389,33 @@ nl::Status ConsumeCpp(const Args& a, int rank, nl::bench::ChildProcess* serve, i
   return nl::Status::Ok();  // the client detaches as it goes: the serve then exits
 }
 
+// A loader_bench built with AddressSanitizer runs a Python consumer that loads
+// the libnl_client.so of the same build, which needs the ASan runtime loaded
+// before it (and libstdc++ with it, so that ASan's __cxa_throw interceptor
+// finds the real one when a library such as libtorch throws). CPython leaves
+// its memory to the OS at exit, so leak checks are off in that child.
+std::vector<std::string> PythonChildEnvironment(const std::string& pythonpath) {
+  std::vector<std::string> env = {"PYTHONPATH=" + pythonpath};
+#if defined(__SANITIZE_ADDRESS__)
+  std::string runtime;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* name = info->dlpi_name;
+        if (name && std::strstr(name, "/libasan.so")) {
+          *static_cast<std::string*>(data) = name;
+          return 1;
+        }
+        return 0;
+      },
+      &runtime);
+  if (!runtime.empty()) env.push_back("LD_PRELOAD=" + runtime + ":libstdc++.so.6");
+  const char* opts = std::getenv("ASAN_OPTIONS");
+  env.push_back(std::string("ASAN_OPTIONS=") + (opts && *opts ? std::string(opts) + ":" : "") +
+                "detect_leaks=0");
+#endif
+  return env;
+}
+
 // The Python consumer: `python3 -m numa_loader.consume --json`, its JSON
 // read back. A serve that fails first ends it at once (not after its timeouts).
 nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve, int log_fd,
@@ -402,7 +431,7 @@ nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve
       "--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))};
   // clang-format on
   NL_ASSIGN_OR_RETURN(nl::bench::ChildProcess py,
-                      nl::bench::ChildProcess::Start(cmd, {"PYTHONPATH=" + pythonpath},
+                      nl::bench::ChildProcess::Start(cmd, PythonChildEnvironment(pythonpath),
                                                      py_out.get(), py_err.get()));
   nl::bench::ChildExit e;
   while (!py.Exited(&e)) {
