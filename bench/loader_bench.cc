@@ -31,7 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bench/child_process.h"
+#include "loader/ring/child_process.h"
 #include "formats/worker_pool.h"
 #include "loader/cli/cli_options.h"
 #include "loader/pipeline/pipeline.h"
@@ -324,26 +324,26 @@ struct Consumed {
 
 // The serve's exit or, when it is still running, how it ended the stream;
 // with its log's last lines.
-std::string ServeContext(nl::bench::ChildProcess* serve, int log_fd) {
-  nl::bench::ChildExit e;
+std::string ServeContext(nl::proc::ChildProcess* serve, int log_fd) {
+  nl::proc::ChildExit e;
   const std::string state = serve->Exited(&e) ? "loader serve ended (" + e.Describe() + ")"
                                               : "loader serve still running";
-  const std::string tail = nl::bench::TailOf(log_fd, 3);
+  const std::string tail = nl::proc::TailOf(log_fd, 3);
   return state + (tail.empty() ? "" : "; its log: " + tail);
 }
 
 // Attaches to the rank's serve, retrying while it starts (it must bind its
 // socket first); a serve that exits before that is an error with its log.
 nl::Result<std::unique_ptr<nl::RingClient>> AttachToServe(const std::string& job_id, int rank,
-                                                          nl::bench::ChildProcess* serve,
+                                                          nl::proc::ChildProcess* serve,
                                                           int log_fd) {
   const auto start = Clock::now();
   while (true) {
     nl::Result<std::unique_ptr<nl::RingClient>> c = nl::RingClient::Attach(job_id, rank, 0.1);
     if (c.ok() || c.status().code() != nl::StatusCode::kNotFound) return c;
-    nl::bench::ChildExit e;
+    nl::proc::ChildExit e;
     if (serve->Exited(&e)) {
-      const std::string tail = nl::bench::TailOf(log_fd, 3);
+      const std::string tail = nl::proc::TailOf(log_fd, 3);
       return nl::Status::Unavailable("loader serve for rank " + std::to_string(rank) + " ended (" +
                                      e.Describe() + ") before the consumer attached" +
                                      (tail.empty() ? "" : ": " + tail));
@@ -356,7 +356,7 @@ nl::Result<std::unique_ptr<nl::RingClient>> AttachToServe(const std::string& job
 }
 
 // The C++ consumer: every batch through RingClient, --step-ms between Next and Release.
-nl::Status ConsumeCpp(const Args& a, int rank, nl::bench::ChildProcess* serve, int log_fd,
+nl::Status ConsumeCpp(const Args& a, int rank, nl::proc::ChildProcess* serve, int log_fd,
                       Consumed* out) {
   NL_ASSIGN_OR_RETURN(std::unique_ptr<nl::RingClient> client,
                       AttachToServe(ServiceJobId(a.parent_pid), rank, serve, log_fd));
@@ -418,11 +418,11 @@ std::vector<std::string> PythonChildEnvironment(const std::string& pythonpath) {
 
 // The Python consumer: `python3 -m numa_loader.consume --json`, its JSON
 // read back. A serve that fails first ends it at once (not after its timeouts).
-nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve, int log_fd,
+nl::Status ConsumePython(const Args& a, int rank, nl::proc::ChildProcess* serve, int log_fd,
                          Consumed* out) {
   NL_ASSIGN_OR_RETURN(std::string pythonpath, PythonPackageParent());
-  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_out, nl::bench::MakeLogFd("numa_loader-consume-out"));
-  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_err, nl::bench::MakeLogFd("numa_loader-consume-err"));
+  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_out, nl::proc::MakeLogFd("numa_loader-consume-out"));
+  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_err, nl::proc::MakeLogFd("numa_loader-consume-err"));
   // clang-format off
   const std::vector<std::string> cmd = {
       "/usr/bin/python3", "-m", "numa_loader.consume", "--json",
@@ -430,25 +430,25 @@ nl::Status ConsumePython(const Args& a, int rank, nl::bench::ChildProcess* serve
       "--timeout", std::to_string(static_cast<int>(kBatchTimeoutS)),
       "--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))};
   // clang-format on
-  NL_ASSIGN_OR_RETURN(nl::bench::ChildProcess py,
-                      nl::bench::ChildProcess::Start(cmd, PythonChildEnvironment(pythonpath),
+  NL_ASSIGN_OR_RETURN(nl::proc::ChildProcess py,
+                      nl::proc::ChildProcess::Start(cmd, PythonChildEnvironment(pythonpath),
                                                      py_out.get(), py_err.get()));
-  nl::bench::ChildExit e;
+  nl::proc::ChildExit e;
   while (!py.Exited(&e)) {
-    nl::bench::ChildExit se;
+    nl::proc::ChildExit se;
     if (serve->Exited(&se) && !se.Succeeded()) {
       return nl::Status::Unavailable(
           "loader serve for rank " + std::to_string(rank) + " ended (" + se.Describe() +
-          ") while the Python consumer ran: " + nl::bench::TailOf(log_fd, 3));
+          ") while the Python consumer ran: " + nl::proc::TailOf(log_fd, 3));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const std::string where = "python3 -m numa_loader.consume (PYTHONPATH=" + pythonpath + ")";
   if (!e.Succeeded()) {
     return nl::Status::Internal(where + " ended (" + e.Describe() +
-                                "): " + nl::bench::TailOf(py_err.get(), 3));
+                                "): " + nl::proc::TailOf(py_err.get(), 3));
   }
-  const std::string text = nl::bench::TailOf(py_out.get(), 1);
+  const std::string text = nl::proc::TailOf(py_out.get(), 1);
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   for (const char* k : {"per_batch_us", "images", "batches", "seconds"}) {
     if (j.is_discarded() || !j.is_object() || !j.contains(k) || !j[k].is_number()) {
@@ -478,11 +478,11 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   const uint32_t threads = RankThreads(a, plan);
   nl::Result<std::string> loader = LoaderPath(a);
   if (!loader.ok()) return error(loader.status());
-  nl::Result<nl::ring::Fd> log = nl::bench::MakeLogFd("loader-serve-log");
+  nl::Result<nl::ring::Fd> log = nl::proc::MakeLogFd("loader-serve-log");
   if (!log.ok()) return error(log.status());
   const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();
-  nl::Result<nl::bench::ChildProcess> serve = nl::bench::ChildProcess::Start(
+  nl::Result<nl::proc::ChildProcess> serve = nl::proc::ChildProcess::Start(
       ServeCommand(a, *loader, job, binds, rank, threads), {}, log->get(), log->get());
   if (!serve.ok()) return error(serve.status());
   // The consumer on the trainer's cpus, as inprocess; bound after the serve
@@ -496,16 +496,16 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   nl::Status st = a.consumer == "python" ? ConsumePython(a, rank, &*serve, log->get(), &got)
                                          : ConsumeCpp(a, rank, &*serve, log->get(), &got);
   if (!st.ok()) return error(st);  // the serve is killed as it goes
-  nl::Result<nl::bench::ChildExit> served = serve->WaitFor(kExitLimitS, "loader serve");
+  nl::Result<nl::proc::ChildExit> served = serve->WaitFor(kExitLimitS, "loader serve");
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   const double secs = got.stream_s;
   if (!served.ok()) return error(served.status());
   if (!served->Succeeded()) {
     return error(nl::Status::Internal("loader serve for rank " + std::to_string(rank) + " ended (" +
                                       served->Describe() +
-                                      "): " + nl::bench::TailOf(log->get(), 3)));
+                                      "): " + nl::proc::TailOf(log->get(), 3)));
   }
-  for (const std::string& line : nl::bench::LinesWith(log->get(), "[Affinity]"))
+  for (const std::string& line : nl::proc::LinesWith(log->get(), "[Affinity]"))
     std::fprintf(stderr, "%s (loader serve)\n", line.c_str());
   const double cpu = CpuSeconds() - cpu0 + CpuSecondsOf(served->usage) + got.python_cpu_s;
   const auto [anon, file] = Rss();

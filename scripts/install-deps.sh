@@ -10,6 +10,7 @@ packages=(
   libarchive-dev
   libcli11-dev nlohmann-json3-dev libboost-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libtorch-dev libgloo-dev
   python3 python3-lmdb python3-pil python3-numpy python3-torchvision
 )
 

@@ -83,6 +83,10 @@ CLI::App* AddServe(CLI::App* app, ServeArgs* a) {
                 "Warn when the consumer holds every slot this many seconds")
       ->check(CLI::Range(0.0, 1e7))
       ->capture_default_str();
+  s->add_option("--simulate-delay-ms", a->service.delay_per_batch_ms,
+                "Testing: sleep this long before each batch (a slow loader, to see the "
+                "trainer's straggler diagnosis)")
+      ->check(CLI::Range(0.0, 1e6));
   s->add_option("--gpus", a->plan.gpus, "GPU index of each local rank, e.g. 0,2");
   s->add_option("--numa-node", a->plan.numa_node, "NUMA node of each local rank, e.g. 0,0,1,1");
   s->add_option("--cpu-affinity", a->plan.cpu_affinity,

@@ -346,6 +346,14 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       }
       full_since = {};
       warned = false;
+      if (cfg.delay_per_batch_ms > 0) {  // a deliberately slow loader (--simulate-delay-ms)
+        const auto until = Clock::now() + std::chrono::duration<double, std::milli>(
+                                              cfg.delay_per_batch_ms);
+        while (!stop.load() && Clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        if (stop.load()) continue;
+      }
       const uint64_t pos = run_batch + delivered;
       producer->SetActivity(ring::Activity::kFilling, run_epoch + pos / bpe, pos % bpe);
       Result<BatchView> view = pipeline->Next();

@@ -26,6 +26,7 @@ struct ServiceConfig {
   std::string job_id;
   double attach_timeout_s = -1;   // < 0: wait for a consumer as long as it takes
   double stall_warning_s = 60;    // warn when the consumer holds every slot this long
+  double delay_per_batch_ms = 0;  // testing: sleep this long before each batch (a slow loader)
   const std::atomic<int>* stop_signal = nullptr;  // nonzero: stop (the signal number)
   std::function<void(const std::string&)> log;    // one line each; stderr when empty
   std::function<void()> on_listening;             // called once the socket is bound

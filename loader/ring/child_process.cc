@@ -1,4 +1,4 @@
-#include "bench/child_process.h"
+#include "loader/ring/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 
 extern "C" char** environ;
 
-namespace nl::bench {
+namespace nl::proc {
 
 std::string ChildExit::Describe() const {
   if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
@@ -208,4 +208,4 @@ Result<ring::Fd> MakeLogFd(const char* name) {
   return ring::Fd(fd);
 }
 
-}  // namespace nl::bench
+}  // namespace nl::proc

@@ -1,6 +1,6 @@
 // A helper process that must not outlive the process that started it
-// (loader_bench's rank runs `loader serve` and, for --consumer python, the
-// Python consumer through one of these).
+// (loader_bench runs `loader serve` and, for --consumer python, the Python
+// consumer through one; the trainer its ranks and each rank its `loader serve`).
 //
 //   NL_ASSIGN_OR_RETURN(ChildProcess serve, ChildProcess::Start(args, {}, log_fd, log_fd));
 //   ...                                  // any early return kills and reaps it
@@ -21,7 +21,7 @@
 #include "formats/status.h"
 #include "loader/ring/ring_socket.h"  // ring::Fd, an owned descriptor
 
-namespace nl::bench {
+namespace nl::proc {
 
 struct ChildExit {
   int status = 0;  // as waitpid's
@@ -70,4 +70,4 @@ std::vector<std::string> LinesWith(int fd, const std::string& needle);
 // A descriptor for a child's output: an anonymous memory file (nothing on disk).
 Result<ring::Fd> MakeLogFd(const char* name);
 
-}  // namespace nl::bench
+}  // namespace nl::proc

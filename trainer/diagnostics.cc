@@ -1,0 +1,280 @@
+#include "trainer/diagnostics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace nl::trainer {
+namespace {
+
+std::string Ms(double ms) {
+  char buf[32];
+  if (ms >= 100) {
+    std::snprintf(buf, sizeof buf, "%.0f", ms);
+  } else if (ms >= 10) {
+    std::snprintf(buf, sizeof buf, "%.1f", ms);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f", ms);
+  }
+  return buf;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string Ranks(const std::vector<int>& r) {
+  std::string s = r.size() > 1 ? "Ranks " : "Rank ";
+  for (size_t i = 0; i < r.size(); ++i) {
+    s += (i == 0 ? "" : (i + 1 == r.size() ? " and " : ", ")) + std::to_string(r[i]);
+  }
+  return s;
+}
+
+const RankBinding* Find(const std::vector<RankBinding>& b, int rank) {
+  for (const RankBinding& x : b) {
+    if (x.rank == rank) return &x;
+  }
+  return nullptr;
+}
+
+std::string GpuText(const RankBinding& b) {
+  if (b.gpu < 0) return "cpu";
+  return "cuda:" + std::to_string(b.gpu) + " (node " +
+         (b.gpu_node >= 0 ? std::to_string(b.gpu_node) : std::string("?")) + ")";
+}
+
+}  // namespace
+
+Summary Summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(v.size());
+  std::sort(v.begin(), v.end());
+  const size_t k = static_cast<size_t>(std::ceil(0.95 * static_cast<double>(v.size())));
+  s.p95 = v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
+  return s;
+}
+
+std::string NodeList(uint64_t bits) {
+  std::string s;
+  for (int n = 0; n < 64; ++n) {
+    if (bits & (uint64_t{1} << n)) s += (s.empty() ? "" : ",") + std::to_string(n);
+  }
+  return s.empty() ? "?" : s;
+}
+
+Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding>& b,
+                 const std::vector<int>& previous) {
+  Verdict v;
+  if (t.size() < 2) return v;
+  int worst = -1;
+  double worst_data = 0, others_median = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    std::vector<double> others;
+    for (size_t j = 0; j < t.size(); ++j) {
+      if (j != i) others.push_back(t[j].data_ms.mean);
+    }
+    const double med = Median(others);
+    const double d = t[i].data_ms.mean;
+    const bool slow = d > 2 * med && d > 0.10 * t[i].step_ms.mean && d >= 1.0;
+    if (slow && d > worst_data) {
+      worst = static_cast<int>(i);
+      worst_data = d;
+      others_median = med;
+    }
+  }
+  if (worst < 0) return v;
+  const RankTiming& s = t[static_cast<size_t>(worst)];
+  v.straggler = s.rank;
+  const RankBinding* sb = Find(b, s.rank);
+  RankBinding none;
+  if (!sb) sb = &none;
+
+  std::ostringstream o;
+  const double share = s.step_ms.mean > 0 ? 100.0 * s.data_ms.mean / s.step_ms.mean : 0;
+  o << "Rank " << s.rank << " is the straggler: it waits " << Ms(s.data_ms.mean)
+    << " ms a step for data (" << static_cast<int>(std::lround(share)) << "% of its "
+    << Ms(s.step_ms.mean) << " ms step) against " << Ms(others_median)
+    << " ms on the other ranks (median). ";
+  // Where its loader should be, where it is bound, and where it ran.
+  const int should = sb->planned_node;
+  const bool bound_elsewhere = sb->loader_node >= 0 && should >= 0 && sb->loader_node != should;
+  const uint64_t expected_bits =
+      sb->loader_node >= 0 ? (uint64_t{1} << sb->loader_node) : 0;
+  const bool ran_elsewhere =
+      s.ran_on_nodes != 0 && expected_bits != 0 && (s.ran_on_nodes & ~expected_bits) != 0;
+  const std::string where_should =
+      sb->gpu >= 0 ? "its GPU (cuda:" + std::to_string(sb->gpu) + ") is on node " +
+                         std::to_string(should)
+                   : "its plan puts it on node " + std::to_string(should);
+  if (bound_elsewhere || ran_elsewhere) {
+    v.cause = "binding";
+    if (bound_elsewhere) {
+      o << "Its loader runs on NUMA node " << sb->loader_node << " (cpus " << sb->loader_cpus
+        << ") while " << where_should << ": a binding problem";
+      if (sb->misbound) o << " (made on purpose with --misbind-rank " << s.rank << ")";
+      o << ". Bind its loader to node " << should
+        << " (the default plan does; `loader topo` shows it).";
+    } else {
+      o << "Its loader is bound to node " << sb->loader_node << " but its threads ran on node(s) "
+        << NodeList(s.ran_on_nodes) << ": a binding problem (something overrode the binding: "
+        << "taskset, cgroups or numactl around the job). Let the plan bind it.";
+    }
+  } else if (sb->simulated_delay_ms > 0) {
+    v.cause = "simulated";
+    o << "Its loader is bound right (node " << (sb->loader_node >= 0 ? std::to_string(sb->loader_node) : "unbound")
+      << ") but was slowed on purpose: --simulate-slow-rank " << s.rank << " --delay-ms "
+      << Ms(sb->simulated_delay_ms) << " sleeps that long before each batch.";
+  } else {
+    v.cause = "capacity";
+    o << "Its loader is bound right (";
+    if (sb->loader_node >= 0) {
+      o << "node " << sb->loader_node << ", cpus " << sb->loader_cpus;
+    } else {
+      o << "unbound";
+    }
+    o << ") but its " << sb->loader_threads << " thread" << (sb->loader_threads == 1 ? "" : "s")
+      << " cannot keep up with the step rate: a capacity problem. Give it more loader threads "
+         "(--loader-threads) or cores, or resize on the device (--resize-on device).";
+    bool moved = false;
+    for (int p : previous) moved = moved || (p >= 0 && p != s.rank);
+    if (moved) o << " The straggler moves between ranks from epoch to epoch, as capacity stragglers do.";
+  }
+  v.sentence = o.str();
+
+  // The others wait for it in the all-reduce.
+  std::vector<int> waiting;
+  double wait_sum = 0;
+  for (const RankTiming& x : t) {
+    if (x.rank == s.rank) continue;
+    waiting.push_back(x.rank);
+    wait_sum += std::max(0.0, x.comm_ms.mean - s.comm_ms.mean);
+  }
+  const double wait = waiting.empty() ? 0 : wait_sum / static_cast<double>(waiting.size());
+  if (wait >= 0.5) {
+    v.waiting = Ranks(waiting) + " wait " + Ms(wait) + " ms a step in the all-reduce for rank " +
+                std::to_string(s.rank) +
+                ": their comm_time is the straggler's data wait, not the network.";
+  }
+  return v;
+}
+
+std::string FormatTable(const std::vector<RankTiming>& t, const std::vector<RankBinding>& b) {
+  std::ostringstream o;
+  char line[512];
+  std::snprintf(line, sizeof line, "%4s  %17s  %17s  %17s  %17s  %8s  %-14s %-5s %-13s\n", "rank",
+                "data ms mean/p95", "compute ms", "comm ms", "step ms", "img/s", "loader cpus",
+                "node", "gpu");
+  o << line;
+  for (const RankTiming& x : t) {
+    const RankBinding* rb = Find(b, x.rank);
+    auto pair = [](const Summary& s) { return Ms(s.mean) + " / " + Ms(s.p95); };
+    std::string node = rb && rb->loader_node >= 0 ? std::to_string(rb->loader_node) : "-";
+    if (x.ran_on_nodes) node += " (ran " + NodeList(x.ran_on_nodes) + ")";
+    std::snprintf(line, sizeof line, "%4d  %17s  %17s  %17s  %17s  %8.1f  %-14s %-5s %-13s\n",
+                  x.rank, pair(x.data_ms).c_str(), pair(x.compute_ms).c_str(),
+                  pair(x.comm_ms).c_str(), pair(x.step_ms).c_str(), x.images_per_s,
+                  rb && !rb->loader_cpus.empty() ? rb->loader_cpus.c_str() : "unbound",
+                  node.c_str(), rb ? GpuText(*rb).c_str() : "?");
+    o << line;
+  }
+  return o.str();
+}
+
+std::string ReportJsonLines(int64_t epoch, int64_t step, const std::vector<RankTiming>& t) {
+  std::string out;
+  for (const RankTiming& x : t) {
+    nlohmann::json j = {{"epoch", epoch},
+                        {"step", step},
+                        {"rank", x.rank},
+                        {"data_ms", x.data_ms.mean},
+                        {"compute_ms", x.compute_ms.mean},
+                        {"comm_ms", x.comm_ms.mean},
+                        {"step_ms", x.step_ms.mean},
+                        {"loss", x.loss},
+                        {"data_ms_p95", x.data_ms.p95},
+                        {"compute_ms_p95", x.compute_ms.p95},
+                        {"comm_ms_p95", x.comm_ms.p95},
+                        {"step_ms_p95", x.step_ms.p95},
+                        {"images_per_s", x.images_per_s},
+                        {"steps", x.steps}};
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
+std::string EpochJsonLine(const EpochRecord& e) {
+  nlohmann::json j = {{"epoch", e.epoch},
+                      {"train_loss", e.train_loss},
+                      {"test_top1", e.evaluated ? nlohmann::json(e.test_top1) : nlohmann::json()},
+                      {"test_top5", e.evaluated ? nlohmann::json(e.test_top5) : nlohmann::json()},
+                      {"images_per_s", e.images_per_s},
+                      {"straggler", e.straggler >= 0 ? nlohmann::json(e.straggler) : nlohmann::json()},
+                      {"steps", e.steps}};
+  return j.dump() + "\n";
+}
+
+std::string ChartSvg(const std::string& title, const std::vector<RankTiming>& t, int straggler) {
+  const int bar_h = 28, gap = 12, left = 90, width = 560, top = 50;
+  const int height = top + static_cast<int>(t.size()) * (bar_h + gap) + 60;
+  double max_ms = 0;
+  for (const RankTiming& x : t) {
+    max_ms = std::max(max_ms, x.data_ms.mean + x.compute_ms.mean + x.comm_ms.mean);
+  }
+  if (max_ms <= 0) max_ms = 1;
+  const double scale = width / max_ms;
+  auto esc = [](const std::string& s) {
+    std::string r;
+    for (char c : s) {
+      if (c == '<') r += "&lt;";
+      else if (c == '>') r += "&gt;";
+      else if (c == '&') r += "&amp;";
+      else r += c;
+    }
+    return r;
+  };
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 120 << "\" height=\""
+    << height << "\" font-family=\"sans-serif\" font-size=\"13\">\n";
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<text x=\"10\" y=\"24\" font-size=\"15\">" << esc(title) << "</text>\n";
+  const char* colors[3] = {"#e8702a", "#3b75af", "#9e9e9e"};
+  const char* names[3] = {"data", "compute", "comm"};
+  for (size_t i = 0; i < t.size(); ++i) {
+    const RankTiming& x = t[i];
+    const int y = top + static_cast<int>(i) * (bar_h + gap);
+    o << "<text x=\"10\" y=\"" << y + bar_h / 2 + 5 << "\"" << (x.rank == straggler ? " font-weight=\"bold\"" : "")
+      << ">rank " << x.rank << "</text>\n";
+    const double parts[3] = {x.data_ms.mean, x.compute_ms.mean, x.comm_ms.mean};
+    double at = left;
+    for (int k = 0; k < 3; ++k) {
+      const double w = parts[k] * scale;
+      o << "<rect x=\"" << at << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar_h
+        << "\" fill=\"" << colors[k] << "\"><title>rank " << x.rank << " " << names[k] << " "
+        << Ms(parts[k]) << " ms</title></rect>\n";
+      at += w;
+    }
+    o << "<text x=\"" << at + 6 << "\" y=\"" << y + bar_h / 2 + 5 << "\">"
+      << Ms(parts[0] + parts[1] + parts[2]) << " ms" << (x.rank == straggler ? "  straggler" : "")
+      << "</text>\n";
+  }
+  const int ly = height - 30;
+  for (int k = 0; k < 3; ++k) {
+    o << "<rect x=\"" << left + k * 110 << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
+      << colors[k] << "\"/><text x=\"" << left + k * 110 + 20 << "\" y=\"" << ly + 12 << "\">"
+      << names[k] << "</text>\n";
+  }
+  o << "<text x=\"" << left + 340 << "\" y=\"" << ly + 12 << "\">mean ms per step</text>\n";
+  o << "</svg>\n";
+  return o.str();
+}
+
+}  // namespace nl::trainer

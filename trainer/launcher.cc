@@ -1,0 +1,215 @@
+#include "trainer/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "loader/ring/child_process.h"
+
+namespace nl::trainer {
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void OnSignal(int sig) { g_signal.store(sig); }
+
+std::string SelfExe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "/proc/self/exe";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// One rank's stderr, relayed line by line (its last line kept: the cause).
+struct RankChild {
+  int rank = 0;
+  proc::ChildProcess process;
+  int err_fd = -1;  // read end of its stderr pipe
+  std::string partial, last_line;
+  bool done = false;
+  proc::ChildExit exit;
+};
+
+void Drain(RankChild* c, bool flush) {
+  if (c->err_fd < 0) return;
+  char buf[8192];
+  while (true) {
+    const ssize_t n = read(c->err_fd, buf, sizeof buf);
+    if (n > 0) {
+      c->partial.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) {  // every writer closed it (the rank and its loader service)
+      close(c->err_fd);
+      c->err_fd = -1;
+      flush = true;
+    }
+    break;  // EAGAIN or closed
+  }
+  size_t start = 0, nl;
+  while ((nl = c->partial.find('\n', start)) != std::string::npos) {
+    const std::string line = c->partial.substr(start, nl - start);
+    if (!line.empty()) c->last_line = line;
+    std::fprintf(stderr, "%s\n", line.c_str());
+    start = nl + 1;
+  }
+  c->partial.erase(0, start);
+  if (flush && !c->partial.empty()) {
+    c->last_line = c->partial;
+    std::fprintf(stderr, "%s\n", c->partial.c_str());
+    c->partial.clear();
+  }
+  std::fflush(stderr);
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    s += (i == 0 ? "" : (i + 1 == ranks.size() ? " and " : ", ")) + std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string MakeJobId(const Options& o, int launcher_pid) {
+  return "trainer-" + std::to_string(o.master_port) + "-" + std::to_string(launcher_pid);
+}
+
+LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
+                    const std::function<void(const std::string&)>& log) {
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const int world = o.nproc_per_node * o.nnodes;
+  const std::string exe = SelfExe();
+  const std::string job = MakeJobId(o, getpid());
+  std::vector<RankChild> children(static_cast<size_t>(o.nproc_per_node));
+  LaunchResult result;
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    RankChild& c = children[static_cast<size_t>(i)];
+    c.rank = o.node_rank * o.nproc_per_node + i;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+      return {1, std::string("trainer: cannot make a pipe: ") + std::strerror(errno)};
+    }
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    std::vector<std::string> args = argv;
+    args[0] = exe;
+    const std::vector<std::string> env = {
+        "RANK=" + std::to_string(c.rank),
+        "WORLD_SIZE=" + std::to_string(world),
+        "LOCAL_RANK=" + std::to_string(i),
+        "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node),
+        "GROUP_RANK=" + std::to_string(o.node_rank),
+        "MASTER_ADDR=" + o.master_addr,
+        "MASTER_PORT=" + std::to_string(o.master_port),
+        "NL_TRAINER_JOB_ID=" + job,
+        "NL_TRAINER_LAUNCHED=1"};
+    Result<proc::ChildProcess> started = proc::ChildProcess::Start(args, env, -1, p[1]);
+    close(p[1]);
+    c.err_fd = p[0];
+    if (!started.ok()) {
+      result = {1, "trainer: cannot start rank " + std::to_string(c.rank) + ": " +
+                       started.status().ToString()};
+      break;
+    }
+    c.process = std::move(*started);
+  }
+  if (result.exit_code == 0) {
+    log("trainer: launched ranks " + std::to_string(children.front().rank) + ".." +
+        std::to_string(children.back().rank) + " of " + std::to_string(world) + " (job " + job +
+        ")");
+  }
+
+  // Watch: the first failure (or a signal to us) stops the rest.
+  int failed = -1;
+  using Clock = std::chrono::steady_clock;
+  while (result.exit_code == 0) {
+    bool all_done = true;
+    for (RankChild& c : children) {
+      Drain(&c, false);
+      if (!c.done && c.process.Exited(&c.exit)) {
+        c.done = true;
+        Drain(&c, true);
+        if (!c.exit.Succeeded() && failed < 0) failed = static_cast<int>(&c - &children[0]);
+      }
+      all_done = all_done && c.done;
+    }
+    if (failed >= 0 || g_signal.load() != 0 || all_done) break;
+    std::vector<pollfd> fds;
+    for (RankChild& c : children) {
+      if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0});
+    }
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } else {
+      poll(fds.data(), fds.size(), 20);
+    }
+  }
+
+  // Stop whatever still runs: SIGTERM, then SIGKILL after a grace period.
+  std::vector<int> stopped;
+  for (RankChild& c : children) {
+    if (!c.done && c.process.pid() > 0) {
+      kill(c.process.pid(), SIGTERM);
+      stopped.push_back(c.rank);
+    }
+  }
+  const auto grace_end = Clock::now() + std::chrono::seconds(10);
+  while (true) {
+    bool any = false;
+    for (RankChild& c : children) {
+      Drain(&c, false);
+      if (!c.done && c.process.Exited(&c.exit)) {
+        c.done = true;
+        Drain(&c, true);
+      }
+      any = any || !c.done;
+    }
+    if (!any) break;
+    if (Clock::now() > grace_end) {
+      for (RankChild& c : children) {
+        if (!c.done) {
+          c.process.Kill();
+          c.process.Exited(&c.exit);
+          c.done = true;
+          Drain(&c, true);
+        }
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (RankChild& c : children) {
+    if (c.err_fd >= 0) close(c.err_fd);
+  }
+  if (result.exit_code != 0) return result;
+
+  const std::string others =
+      stopped.empty() ? "" : "; stopped rank" + std::string(stopped.size() > 1 ? "s " : " ") +
+                                 RankList(stopped);
+  if (g_signal.load() != 0 && failed < 0) {
+    const int sig = g_signal.load();
+    return {128 + sig, "trainer: stopped by " + std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") +
+                           others};
+  }
+  if (failed >= 0) {
+    RankChild& c = children[static_cast<size_t>(failed)];
+    std::string cause = c.exit.Describe();
+    if (WIFEXITED(c.exit.status) && !c.last_line.empty()) cause += ": " + c.last_line;
+    return {1, "trainer: rank " + std::to_string(c.rank) + " failed (" + cause + ")" + others};
+  }
+  return {0, ""};
+}
+
+}  // namespace nl::trainer

@@ -1,0 +1,34 @@
+// The launcher: `trainer --nproc-per-node N` runs N copies of itself as the
+// node's ranks, with torchrun's variables set, and watches them.
+//
+// If a rank fails (non-zero exit or a signal: its own error, its loader
+// service's death, a kill -9), the launcher stops the others (SIGTERM, then
+// SIGKILL after a grace period), and exits 1 with one line naming the rank,
+// its pid and its cause. SIGINT/SIGTERM to the launcher stop every rank the
+// same way (exit 128+signal). Ranks die with the launcher (PR_SET_PDEATHSIG),
+// and each rank's loader service with its rank, so kill -9 of the launcher
+// leaves nothing either. Shared memory is anonymous (memfd): nothing to clean.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainer/options.h"
+
+namespace nl::trainer {
+
+struct LaunchResult {
+  int exit_code = 0;
+  std::string message;  // empty on success
+};
+
+// argv: the trainer's own command line (passed on to the ranks unchanged).
+// `log` gets the launcher's lines.
+LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
+                    const std::function<void(const std::string&)>& log);
+
+// The job id the ranks of one launch share (printable, no '/').
+std::string MakeJobId(const Options& o, int launcher_pid);
+
+}  // namespace nl::trainer

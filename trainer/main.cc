@@ -1,0 +1,223 @@
+// trainer: LibTorch DDP image classification fed by the loader service.
+//
+//   trainer --data OUT --nproc-per-node 4 [--nnodes 2 --node-rank K --master-addr A]
+//           [--model resnet18] [--epochs 1] [--batch-size 64] [--image-size 224] ...
+//
+// Without RANK/WORLD_SIZE/LOCAL_RANK in the environment it is the launcher
+// (trainer/launcher.h) and runs --nproc-per-node copies of itself; with them
+// (set by that launcher, by torchrun, or by a Slurm wrapper) it is one rank.
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "trainer/launcher.h"
+#include "trainer/options.h"
+#include "trainer/rank.h"
+
+namespace {
+
+using nl::trainer::Options;
+using nl::trainer::Placement;
+
+void AddOptions(CLI::App& app, Options& o) {
+  app.add_option("--data", o.data, "Shard set directory (pack_tool output)")->required();
+  app.add_option("--nproc-per-node", o.nproc_per_node, "Ranks on this node")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--nnodes", o.nnodes, "Nodes in the job")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--node-rank", o.node_rank, "This node's index, 0..nnodes-1")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--master-addr", o.master_addr, "Address of node 0 (the rendezvous store)")
+      ->capture_default_str();
+  app.add_option("--master-port", o.master_port, "Port of the rendezvous store")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  app.add_option("--loader", o.loader, "service (a `loader serve` per rank) or inprocess")
+      ->check(CLI::IsMember({"service", "inprocess"}))
+      ->capture_default_str();
+  app.add_option("--loader-bin", o.loader_bin, "The `loader` executable (default: beside trainer)");
+  app.add_option("--loader-threads", o.loader_threads, "Loader threads per rank (default: the plan's loader cores)")
+      ->check(CLI::Range(1u, 1024u));
+  app.add_option("--prefetch", o.prefetch, "Ring slots (batches in flight) per rank")
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  app.add_option("--resize-on", o.resize_on,
+                 "loader (the loader resizes to --image-size) or device (the ring carries the source "
+                 "size; the rank resizes bilinearly after the copy)")
+      ->check(CLI::IsMember({"loader", "device"}))
+      ->capture_default_str();
+  app.add_flag("!--no-augment", o.augment, "No pad-crop and flip on the train split");
+  app.add_option("--eval-split", o.eval_split, "Split evaluated each epoch")->capture_default_str();
+  app.add_option("--gpus", o.gpus, "GPU index of each local rank, e.g. 0,2");
+  app.add_option("--numa-node", o.numa_node, "NUMA node of each local rank, e.g. 0,0,1,1");
+  app.add_option("--cpu-affinity", o.cpu_affinity, "One cpu list per local rank: \"0-9;10-19\"");
+  app.add_option("--trainer-cores", o.trainer_cores, "Cores reserved for each rank's own threads")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  app.add_flag("--allow-shared-cores", o.allow_shared_cores, "Let ranks share cores when a node has too few");
+  app.add_flag("--ignore-gpus", o.ignore_gpus, "Plan as if no GPU were visible");
+  app.add_flag("--no-bind", o.no_bind, "Bind nothing");
+  app.add_option("--model", o.model, "resnet18, resnet50 (torchvision's) or smallcnn (no batch norm)")
+      ->check(CLI::IsMember({"resnet18", "resnet50", "smallcnn"}))
+      ->capture_default_str();
+  app.add_option("--device", o.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Epochs")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Samples per step per rank")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "Peak learning rate")->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--label-smoothing", o.label_smoothing, "Label smoothing, 0..1")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "Linear warm-up steps before the cosine decay (default: a tenth of the run, at most 500)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--image-size", o.image_size, "Side of the images the model sees")
+      ->check(CLI::Range(8, 4096))
+      ->capture_default_str();
+  app.add_option("--max-steps", o.max_steps, "Stop after this many steps (0: whole epochs)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--seed", o.seed, "Seed of the sample order, augmentation and initial weights")
+      ->capture_default_str();
+  app.add_option("--out", o.out, "Directory for checkpoints and charts");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N steps (with --out)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--resume", o.resume, "Continue from this checkpoint at its (epoch, batch)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--threads", o.threads, "LibTorch threads per rank (default: the rank's trainer cores)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--report-every", o.report_every, "Per-rank table every N steps (0: only at epoch end)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--metrics-out", o.metrics_out, "JSON lines: one per report per rank, one per epoch");
+  app.add_option("--simulate-slow-rank", o.simulate_slow_rank, "Testing: slow this rank's loader")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--delay-ms", o.delay_ms, "... by this many ms per batch")->check(CLI::Range(0.0, 1e6));
+  app.add_option("--misbind-rank", o.misbind_rank, "Testing: bind this rank's loader to a wrong NUMA node")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_flag("--check-sync", o.check_sync, "Check after every step that all ranks hold the same parameters");
+  app.add_option("--params-out", o.params_out, "Rank 0 writes its final parameters here (float32, flat)");
+  app.add_option("--timeout", o.timeout_s, "Seconds a rank waits for a batch or a collective")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+}
+
+// An integer environment variable in [lo, hi]; a bad value is an error naming it.
+bool EnvInt(const char* name, long lo, long hi, int* out, std::string* err) {
+  const char* v = std::getenv(name);
+  if (!v) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+    *err = std::string(name) + "=" + v + " is not an integer in [" + std::to_string(lo) + ", " +
+           std::to_string(hi) + "]";
+    return true;
+  }
+  *out = static_cast<int>(x);
+  return true;
+}
+
+std::string SafeJobId(std::string s) {
+  for (char& c : s) {
+    if (c == '/' || c < 0x21 || c > 0x7e) c = '_';
+  }
+  return s.substr(0, 64);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"LibTorch DDP trainer fed by the loader service", "trainer"};
+  Options o;
+  AddOptions(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "trainer: error: %s\n", m.c_str());
+    return 2;
+  };
+  if (o.node_rank >= o.nnodes) {
+    return fail("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
+                std::to_string(o.nnodes));
+  }
+  if (o.delay_ms > 0 && o.simulate_slow_rank < 0) return fail("--delay-ms needs --simulate-slow-rank");
+  if (o.simulate_slow_rank >= 0 && o.delay_ms <= 0) return fail("--simulate-slow-rank needs --delay-ms > 0");
+  if (o.checkpoint_every > 0 && o.out.empty()) return fail("--checkpoint-every needs --out");
+
+  Placement p;
+  std::string err;
+  int rank = -1, world = -1, local = -1;
+  const bool has_rank = EnvInt("RANK", 0, 1 << 20, &rank, &err);
+  const bool has_world = EnvInt("WORLD_SIZE", 1, 1 << 20, &world, &err) && err.empty();
+  const bool has_local = EnvInt("LOCAL_RANK", 0, 1 << 20, &local, &err) && err.empty();
+  if (!err.empty()) return fail(err + " (set by the launcher: torchrun, or ours)");
+  if (has_rank || has_world || has_local) {
+    if (!(has_rank && has_world && has_local)) {
+      return fail("RANK, WORLD_SIZE and LOCAL_RANK must be set together (torchrun sets all three); "
+                  "unset them to let trainer launch its own ranks");
+    }
+    if (rank >= world) {
+      return fail("RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(world));
+    }
+    p.rank = rank;
+    p.world = world;
+    p.local_rank = local;
+    p.local_world = o.nproc_per_node;
+    if (EnvInt("LOCAL_WORLD_SIZE", 1, 1 << 20, &p.local_world, &err) && !err.empty()) return fail(err);
+    if (p.local_rank >= p.local_world) {
+      return fail("LOCAL_RANK=" + std::to_string(p.local_rank) + " is not below LOCAL_WORLD_SIZE=" +
+                  std::to_string(p.local_world));
+    }
+    const char* addr = std::getenv("MASTER_ADDR");
+    p.master_addr = addr && *addr ? addr : o.master_addr;
+    p.master_port = o.master_port;
+    if (EnvInt("MASTER_PORT", 1, 65535, &p.master_port, &err) && !err.empty()) return fail(err);
+    const char* job = std::getenv("NL_TRAINER_JOB_ID");
+    const char* run = std::getenv("TORCHELASTIC_RUN_ID");
+    p.job_id = SafeJobId(job && *job ? job
+                         : run && *run ? "torchrun-" + std::string(run) + "-" + std::to_string(p.master_port)
+                                       : "trainer-" + std::to_string(p.master_port));
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    p.agent_store = agent && std::string(agent) == "True";
+    p.launched_by_us = std::getenv("NL_TRAINER_LAUNCHED") != nullptr;
+    if (o.simulate_slow_rank >= world) {
+      return fail("--simulate-slow-rank " + std::to_string(o.simulate_slow_rank) + " is not a rank of " +
+                  std::to_string(world));
+    }
+    if (o.misbind_rank >= world) {
+      return fail("--misbind-rank " + std::to_string(o.misbind_rank) + " is not a rank of " +
+                  std::to_string(world));
+    }
+    return nl::trainer::RunRank(o, p);
+  }
+
+  const int world_size = o.nproc_per_node * o.nnodes;
+  if (o.simulate_slow_rank >= world_size) {
+    return fail("--simulate-slow-rank " + std::to_string(o.simulate_slow_rank) + " is not a rank of " +
+                std::to_string(world_size));
+  }
+  if (o.misbind_rank >= world_size) {
+    return fail("--misbind-rank " + std::to_string(o.misbind_rank) + " is not a rank of " +
+                std::to_string(world_size));
+  }
+  std::vector<std::string> args(argv, argv + argc);
+  const nl::trainer::LaunchResult r =
+      nl::trainer::Launch(o, args, [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); });
+  if (!r.message.empty()) std::fprintf(stderr, "%s\n", r.message.c_str());
+  return r.exit_code;
+}

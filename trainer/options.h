@@ -1,0 +1,68 @@
+// What `trainer` is asked to do: the command line (main.cc parses it) and the
+// process's place in the job (torchrun's variables, or ours when we launch).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nl::trainer {
+
+struct Options {
+  // Data and loader.
+  std::string data;
+  std::string loader = "service";  // service (a `loader serve` per rank) or inprocess
+  std::string loader_bin;          // the `loader` executable; default: beside `trainer`
+  uint32_t loader_threads = 0;     // 0: the plan's loader cores for the rank
+  uint32_t prefetch = 4;           // ring slots / batches in flight
+  std::string resize_on = "loader";  // loader or device
+  bool augment = true;               // pad-crop 4 + flip (train split)
+  std::string eval_split = "test";
+
+  // Launch (ignored when RANK/WORLD_SIZE/LOCAL_RANK are set).
+  int nproc_per_node = 1, nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+
+  // Binding (the job plan's flags, as `loader serve` takes them).
+  std::string gpus, numa_node, cpu_affinity;
+  int trainer_cores = 1;
+  bool allow_shared_cores = false, ignore_gpus = false, no_bind = false;
+
+  // Training.
+  std::string model = "resnet18";  // resnet18, resnet50, smallcnn (no batch norm)
+  std::string device = "auto";     // auto, cpu, cuda
+  int epochs = 1;
+  uint32_t batch_size = 64;  // per rank
+  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0;
+  int64_t warmup_steps = -1;  // -1: a tenth of the run's steps, at most 500
+  int image_size = 224;
+  int64_t max_steps = 0;  // 0: whole epochs
+  uint64_t seed = 0;
+  std::string out;  // checkpoints, metrics and charts
+  int64_t checkpoint_every = 0;
+  std::string resume;
+  int threads = 0;  // LibTorch intra-op threads; 0: the rank's trainer cores
+
+  // Diagnostics.
+  int64_t report_every = 50;
+  std::string metrics_out;
+  int simulate_slow_rank = -1;
+  double delay_ms = 0;
+  int misbind_rank = -1;
+  bool check_sync = false;  // compare parameters across ranks after every step
+  std::string params_out;   // rank 0 writes its final parameters (float32, flat)
+  double timeout_s = 300;   // ring waits and collectives
+};
+
+// The process's place in the job.
+struct Placement {
+  int rank = 0, world = 1, local_rank = 0, local_world = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string job_id;          // shared by the job's loader services
+  bool agent_store = false;    // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
+  bool launched_by_us = false;
+};
+
+}  // namespace nl::trainer
