@@ -24,6 +24,8 @@ using nl::trainer::Options;
 using nl::trainer::Placement;
 
 void AddOptions(CLI::App& app, Options& o) {
+  // A flag given twice: the last one counts (as a script adding to a base command line expects).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", o.data, "Shard set directory (pack_tool output)")->required();
   app.add_option("--nproc-per-node", o.nproc_per_node, "Ranks on this node")
       ->check(CLI::Range(1, 1024))

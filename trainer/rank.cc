@@ -923,10 +923,12 @@ int Rank::Run() {
   // The sampler's batches per epoch (every rank has the same number).
   const uint64_t per_rank = (train_samples_ + static_cast<uint64_t>(p_.world) - 1) / static_cast<uint64_t>(p_.world);
   bpe_ = (per_rank + o_.batch_size - 1) / o_.batch_size;
-  const int64_t total_steps = o_.max_steps > 0
-                                  ? std::min<int64_t>(o_.max_steps, o_.epochs * static_cast<int64_t>(bpe_))
-                                  : o_.epochs * static_cast<int64_t>(bpe_);
-  const int64_t warmup = o_.warmup_steps >= 0 ? o_.warmup_steps : std::min<int64_t>(500, total_steps / 10);
+  // The schedule spans --epochs; --max-steps only stops early (so a run cut
+  // short and resumed follows the same schedule as one run straight).
+  const int64_t schedule_steps = o_.epochs * static_cast<int64_t>(bpe_);
+  const int64_t total_steps =
+      o_.max_steps > 0 ? std::min<int64_t>(o_.max_steps, schedule_steps) : schedule_steps;
+  const int64_t warmup = o_.warmup_steps >= 0 ? o_.warmup_steps : std::min<int64_t>(500, schedule_steps / 10);
 
   if (p_.rank == 0) {
     if (!o_.out.empty()) mkdir(o_.out.c_str(), 0700);
@@ -974,7 +976,7 @@ int Rank::Run() {
       const auto data_end = t0 + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double, std::milli>(data_ms));
       for (auto& g : opt.param_groups()) {
-        static_cast<torch::optim::SGDOptions&>(g.options()).lr(LearningRate(o_, step, total_steps, warmup));
+        static_cast<torch::optim::SGDOptions&>(g.options()).lr(LearningRate(o_, step, schedule_steps, warmup));
       }
       opt.zero_grad();
       torch::Tensor logits = model_->forward(batch.x);
