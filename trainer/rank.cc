@@ -1053,8 +1053,10 @@ int Rank::Run() {
                       static_cast<long long>(epoch), e.train_loss, o_.eval_split.c_str(), 100 * top1,
                       100 * top5, e.images_per_s);
       } else {
-        std::snprintf(line, sizeof line, "epoch %lld: train loss %.4f (no %s split to evaluate), %.1f images/s",
-                      static_cast<long long>(epoch), e.train_loss, o_.eval_split.c_str(), e.images_per_s);
+        const std::string why = o_.eval_split == "none" ? "not evaluated: --eval-split none"
+                                                        : "no " + o_.eval_split + " split to evaluate";
+        std::snprintf(line, sizeof line, "epoch %lld: train loss %.4f (%s), %.1f images/s",
+                      static_cast<long long>(epoch), e.train_loss, why.c_str(), e.images_per_s);
       }
       Say(line);
       if (!o_.out.empty()) {
