@@ -218,7 +218,7 @@ R2=$(rank_pid "$LP" 2)
 kill -9 "$R2"
 wait_gone "$LP" 30
 check_rc $? 1 "kill -9 rank 2: the launcher exits 1 within 30 s (${SECS} s)"
-if grep -q "rank 2 failed (killed by signal 9); stopped ranks 0, 1 and 3" "$W/k_rank.out"; then
+if grep -Eq "^trainer: rank 2 failed \(killed by signal 9\); (stopped ranks 0, 1 and 3|rank)" "$W/k_rank.out"; then
   ok "naming rank 2 and its cause"
 else
   fail "kill -9 rank 2: $(tail -3 "$W/k_rank.out")"
@@ -264,6 +264,27 @@ next_port
 expect_rc 1 "a missing shard set" "$TR" --data "$W/nothing" --master-port "$PORT"
 expect_text "rank 0 failed" "names the rank"
 expect_text "$W/nothing" "and the path"
+touch "$W/a-file"
+next_port
+expect_rc 1 "--out on a file" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --max-steps 2 \
+  --master-port "$PORT" --out "$W/a-file"
+expect_text "trainer: rank 0 failed (exit status 1: trainer rank 0: error: --out $W/a-file is not a writable directory)" \
+  "rank 0 is named with the cause (not a peer that lost it)"
+next_port
+expect_rc 1 "--metrics-out in a missing directory" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
+  --max-steps 2 --master-port "$PORT" --metrics-out "$W/no/such/m.jsonl"
+expect_text "cannot write --metrics-out $W/no/such/m.jsonl" "naming it"
+# Two jobs on one port: the second fails clearly; the first is not disturbed.
+next_port
+"$TR" "${LONG[@]}" --epochs 1 --max-steps 30 --master-port "$PORT" >"$W/first.out" 2>&1 &
+FIRST=$!
+pids+=("$FIRST")
+for ((i = 0; i < 300; i++)); do grep -q "steps an epoch" "$W/first.out" && break; sleep 0.1; done
+expect_rc 1 "a second job on the same --master-port" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
+  --max-steps 2 --master-port "$PORT"
+expect_text "another job may be using it: pick another --master-port" "saying so"
+wait "$FIRST"
+check_rc $? 0 "the first job finishes undisturbed"
 nodes=$(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)
 if [ "$nodes" -le 1 ]; then
   next_port

@@ -31,7 +31,8 @@ double Median(std::vector<double> v) {
 std::string Ranks(const std::vector<int>& r) {
   std::string s = r.size() > 1 ? "Ranks " : "Rank ";
   for (size_t i = 0; i < r.size(); ++i) {
-    s += (i == 0 ? "" : (i + 1 == r.size() ? " and " : ", ")) + std::to_string(r[i]);
+    if (i > 0) s += i + 1 == r.size() ? " and " : ", ";
+    s += std::to_string(r[i]);
   }
   return s;
 }
@@ -66,7 +67,10 @@ Summary Summarize(std::vector<double> v) {
 std::string NodeList(uint64_t bits) {
   std::string s;
   for (int n = 0; n < 64; ++n) {
-    if (bits & (uint64_t{1} << n)) s += (s.empty() ? "" : ",") + std::to_string(n);
+    if (bits & (uint64_t{1} << n)) {
+      if (!s.empty()) s += ',';
+      s += std::to_string(n);
+    }
   }
   return s.empty() ? "?" : s;
 }

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -70,9 +71,36 @@ void Drain(RankChild* c, bool flush) {
 std::string RankList(const std::vector<int>& ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    s += (i == 0 ? "" : (i + 1 == ranks.size() ? " and " : ", ")) + std::to_string(ranks[i]);
+    if (i > 0) s += i + 1 == ranks.size() ? " and " : ", ";
+    s += std::to_string(ranks[i]);
   }
   return s;
+}
+
+// A rank's failure that is only the echo of another's: it lost a peer in a
+// collective (Gloo or NCCL says the connection closed or was reset).
+bool LostAPeer(const RankChild& c) {
+  if (!WIFEXITED(c.exit.status)) return false;
+  for (const char* s : {"Connection closed by peer", "Connection reset by peer", "gloo/transport",
+                        "NCCL communicator was aborted", "Broken pipe"}) {
+    if (c.last_line.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Among the failed ranks: one killed by a signal, else one that did not
+// merely lose a peer, else the first to fail.
+int PrimaryFailure(const std::vector<RankChild>& children, int first) {
+  for (size_t i = 0; i < children.size(); ++i) {
+    const RankChild& c = children[i];
+    if (c.done && WIFSIGNALED(c.exit.status)) return static_cast<int>(i);
+  }
+  if (!LostAPeer(children[static_cast<size_t>(first)])) return first;
+  for (size_t i = 0; i < children.size(); ++i) {
+    const RankChild& c = children[i];
+    if (c.done && !c.exit.Succeeded() && !LostAPeer(c)) return static_cast<int>(i);
+  }
+  return first;
 }
 
 }  // namespace
@@ -157,6 +185,26 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
     }
   }
 
+  // A failure often takes its peers down within moments (a collective whose
+  // peer vanished): let them end, then name the cause, not a consequence.
+  if (failed >= 0 && g_signal.load() == 0) {
+    const auto settle = Clock::now() + std::chrono::milliseconds(1500);
+    while (Clock::now() < settle) {
+      bool running = false;
+      for (RankChild& c : children) {
+        Drain(&c, false);
+        if (!c.done && c.process.Exited(&c.exit)) {
+          c.done = true;
+          Drain(&c, true);
+        }
+        running = running || !c.done;
+      }
+      if (!running) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    failed = PrimaryFailure(children, failed);
+  }
+
   // Stop whatever still runs: SIGTERM, then SIGKILL after a grace period.
   std::vector<int> stopped;
   for (RankChild& c : children) {
@@ -207,7 +255,18 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
     RankChild& c = children[static_cast<size_t>(failed)];
     std::string cause = c.exit.Describe();
     if (WIFEXITED(c.exit.status) && !c.last_line.empty()) cause += ": " + c.last_line;
-    return {1, "trainer: rank " + std::to_string(c.rank) + " failed (" + cause + ")" + others};
+    std::vector<int> echoes;  // ranks that failed after it, by themselves
+    for (const RankChild& x : children) {
+      if (&x != &c && x.done && !x.exit.Succeeded() &&
+          std::find(stopped.begin(), stopped.end(), x.rank) == stopped.end()) {
+        echoes.push_back(x.rank);
+      }
+    }
+    std::string also;
+    if (!echoes.empty()) {
+      also = "; rank" + std::string(echoes.size() > 1 ? "s " : " ") + RankList(echoes) + " failed after it (see above)";
+    }
+    return {1, "trainer: rank " + std::to_string(c.rank) + " failed (" + cause + ")" + also + others};
   }
   return {0, ""};
 }

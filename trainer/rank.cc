@@ -706,8 +706,12 @@ void Rank::Rendezvous() {
   try {
     tcp = c10::make_intrusive<c10d::TCPStore>(p_.master_addr, so);
   } catch (const std::exception& e) {
-    throw RankError("cannot reach the rendezvous store at " + p_.master_addr + ":" +
-                    std::to_string(p_.master_port) + ": " + e.what());
+    throw RankError(so.isServer ? "cannot host the rendezvous store on port " +
+                                      std::to_string(p_.master_port) +
+                                      " (another job may be using it: pick another --master-port): " +
+                                      e.what()
+                                : "cannot reach the rendezvous store at " + p_.master_addr + ":" +
+                                      std::to_string(p_.master_port) + ": " + e.what());
   }
   store_ = c10::make_intrusive<c10d::PrefixStore>("nl_trainer", tcp);
 #if NL_TRAINER_CUDA
@@ -834,6 +838,23 @@ int Rank::Run() {
   const int64_t classes = static_cast<int64_t>(manifest_.classes.size());
   if (classes < 2) throw RankError(o_.data + " has " + std::to_string(classes) + " class(es)");
 
+  // Rank 0's outputs first: a path it cannot write fails the job before any
+  // rank starts its loader or waits in the rendezvous.
+  if (p_.rank == 0) {
+    if (!o_.out.empty()) {
+      struct stat st {};
+      if (mkdir(o_.out.c_str(), 0700) != 0 && errno != EEXIST) {
+        throw RankError("cannot make --out " + o_.out + ": " + std::strerror(errno));
+      }
+      if (stat(o_.out.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(o_.out.c_str(), W_OK) != 0) {
+        throw RankError("--out " + o_.out + " is not a writable directory");
+      }
+    }
+    if (!o_.metrics_out.empty()) {
+      metrics_ = std::fopen(o_.metrics_out.c_str(), o_.resume.empty() ? "w" : "a");
+      if (!metrics_) throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
+    }
+  }
   Plan();
   g_.model_size = o_.image_size;
   g_.ring_size = o_.image_size;
@@ -931,11 +952,6 @@ int Rank::Run() {
   const int64_t warmup = o_.warmup_steps >= 0 ? o_.warmup_steps : std::min<int64_t>(500, schedule_steps / 10);
 
   if (p_.rank == 0) {
-    if (!o_.out.empty()) mkdir(o_.out.c_str(), 0700);
-    if (!o_.metrics_out.empty()) {
-      metrics_ = std::fopen(o_.metrics_out.c_str(), o_.resume.empty() ? "w" : "a");
-      if (!metrics_) throw RankError("cannot write " + o_.metrics_out + ": " + std::strerror(errno));
-    }
     Say("trainer: " + o_.model + ", " + std::to_string(p_.world) + " rank(s) x batch " +
         std::to_string(o_.batch_size) + ", " + std::to_string(bpe_) + " steps an epoch, " +
         std::to_string(total_steps) + " steps in all, image " + std::to_string(g_.model_size) +
