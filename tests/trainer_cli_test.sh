@@ -163,15 +163,17 @@ next_port
 expect_rc_stdout 0 "--loader inprocess" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 16 \
   --max-steps 5 --loader inprocess --master-port "$PORT"
 expect_text "loader inprocess" "says so"
+expect_text "(the pipelines' workers, all ranks)" "and where its loader CPU time was counted"
 next_port
 expect_rc_stdout 0 "--resize-on device at 64" "$TR" --data "$W/p" "${SMALL[@]}" --image-size 64 \
   --nproc-per-node 2 --batch-size 16 --max-steps 5 --resize-on device --master-port "$PORT"
 expect_text "resized on the device from 32" "the ring carries 32x32"
-expect_text "ring bytes per image 3072" "3072 bytes an image"
+expect_out "loader CPU time [0-9.]+ us per image \(the loader services' processes, all ranks\), ring bytes per image 3072" \
+  "3072 bytes an image, and the loader's CPU time per image"
 next_port
 expect_rc_stdout 0 "--resize-on loader at 64" "$TR" --data "$W/p" "${SMALL[@]}" --image-size 64 \
   --nproc-per-node 2 --batch-size 16 --max-steps 5 --master-port "$PORT"
-expect_text "ring bytes per image 12288" "12288 bytes an image"
+expect_out "ring bytes per image 12288$" "12288 bytes an image"
 
 # --- every way a job can die ----------------------------------------------------
 LONG=(--data "$W/s" --model resnet18 --image-size 32 --allow-shared-cores --report-every 0 --nproc-per-node 4
@@ -191,7 +193,7 @@ start_long() {
   pids+=("$LP")
   local i
   for ((i = 0; i < 300; i++)); do
-    grep -q "steps an epoch" "$W/$1.out" && break
+    grep -qs "steps an epoch" "$W/$1.out" && break
     sleep 0.1
   done
   sleep 1
@@ -279,7 +281,7 @@ next_port
 "$TR" "${LONG[@]}" --epochs 1 --max-steps 30 --master-port "$PORT" >"$W/first.out" 2>&1 &
 FIRST=$!
 pids+=("$FIRST")
-for ((i = 0; i < 300; i++)); do grep -q "steps an epoch" "$W/first.out" && break; sleep 0.1; done
+for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/first.out" && break; sleep 0.1; done
 expect_rc 1 "a second job on the same --master-port" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
   --max-steps 2 --master-port "$PORT"
 expect_text "another job may be using it: pick another --master-port" "saying so"

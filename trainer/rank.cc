@@ -106,6 +106,9 @@ class BatchSource {
   virtual Batch Next(double* data_ms) = 0;
   // The loader threads' process (for where they ran), 0: this one.
   virtual pid_t loader_pid() const = 0;
+  // Stops the loader; the CPU seconds it spent (a service: its process's
+  // user + system time; in process: the workers' read, decode and transform time).
+  virtual double Finish() = 0;
 };
 
 struct Geometry {
@@ -176,10 +179,19 @@ class ServiceSource : public BatchSource {
     stager_ = Take(Stager::Create(client_.get(), so), "cannot stage its ring");
   }
 
-  ~ServiceSource() override {
+  ~ServiceSource() override { Finish(); }
+
+  double Finish() override {
     stager_.reset();
     client_.reset();  // detaches: the service exits by itself
-    if (serve_.pid() > 0) (void)serve_.WaitFor(10.0, "loader serve");
+    if (serve_.pid() > 0) {
+      Result<proc::ChildExit> e = serve_.WaitFor(10.0, "loader serve");
+      if (e.ok()) {
+        cpu_s_ = static_cast<double>(e->usage.ru_utime.tv_sec + e->usage.ru_stime.tv_sec) +
+                 1e-6 * static_cast<double>(e->usage.ru_utime.tv_usec + e->usage.ru_stime.tv_usec);
+      }
+    }
+    return cpu_s_;
   }
 
   Batch Next(double* data_ms) override {
@@ -228,6 +240,7 @@ class ServiceSource : public BatchSource {
   ring::Fd log_;
   proc::ChildProcess serve_;
   pid_t pid_ = 0;
+  double cpu_s_ = 0;
   std::unique_ptr<RingClient> client_;
   std::unique_ptr<Stager> stager_;
 };
@@ -252,10 +265,19 @@ class InprocessSource : public BatchSource {
     return b;
   }
   pid_t loader_pid() const override { return 0; }
+  double Finish() override {
+    if (pipeline_) {
+      const PipelineStats st = pipeline_->Stats();
+      cpu_s_ = st.read_s + st.decode_s + st.transform_s;
+      pipeline_.reset();
+    }
+    return cpu_s_;
+  }
 
  private:
   Geometry g_;
   double delay_ms_;
+  double cpu_s_ = 0;
   std::unique_ptr<Pipeline> pipeline_;
 };
 
@@ -962,6 +984,7 @@ int Rank::Run() {
   }
 
   int64_t step = at.step;
+  int64_t images_all = 0;  // taken from the loader by this rank
   int64_t sync_checks = 0;
   bool stop = false;
   for (int64_t epoch = at.epoch; epoch < o_.epochs && !stop; ++epoch) {
@@ -1032,6 +1055,7 @@ int Rank::Run() {
       loss_sum += l;
       ++loss_n;
       images += batch.size;
+      images_all += batch.size;
       if (bar) bar->Update(b + 1, l);
       if (o_.report_every > 0 && step % o_.report_every == 0) {
         Report(epoch, step, report, false, nullptr);
@@ -1096,9 +1120,19 @@ int Rank::Run() {
   }
   // Everyone is done before anyone leaves (a rank still in a collective
   // would otherwise see its peer vanish).
-  torch::Tensor done = torch::ones({1});
+  const double loader_cpu_s = source_->Finish();
+  torch::Tensor done = torch::tensor({loader_cpu_s, static_cast<double>(images_all)}, torch::kFloat64);
   comm_->AllReduceSum(done);
   source_.reset();
+  if (p_.rank == 0 && done[1].item<double>() > 0) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "trainer: loader CPU time %.1f us per image (%s, all ranks), ring bytes per image %d",
+                  1e6 * done[0].item<double>() / done[1].item<double>(),
+                  o_.loader == "service" ? "the loader services' processes" : "the pipelines' workers",
+                  3 * g_.ring_size * g_.ring_size);
+    Say(line);
+  }
   if (metrics_) std::fclose(metrics_);
   if (p_.rank == 0) Say("trainer: done, " + std::to_string(step) + " steps");
   return 0;
