@@ -68,6 +68,20 @@ void Drain(RankChild* c, bool flush) {
   std::fflush(stderr);
 }
 
+// Relays every rank's output and reaps those that ended; true while any runs.
+bool RelayAndReap(std::vector<RankChild>& children) {
+  bool running = false;
+  for (RankChild& c : children) {
+    Drain(&c, false);
+    if (!c.done && c.process.Exited(&c.exit)) {
+      c.done = true;
+      Drain(&c, true);
+    }
+    running = running || !c.done;
+  }
+  return running;
+}
+
 std::string RankList(const std::vector<int>& ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -189,17 +203,7 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
   // peer vanished): let them end, then name the cause, not a consequence.
   if (failed >= 0 && g_signal.load() == 0) {
     const auto settle = Clock::now() + std::chrono::milliseconds(1500);
-    while (Clock::now() < settle) {
-      bool running = false;
-      for (RankChild& c : children) {
-        Drain(&c, false);
-        if (!c.done && c.process.Exited(&c.exit)) {
-          c.done = true;
-          Drain(&c, true);
-        }
-        running = running || !c.done;
-      }
-      if (!running) break;
+    while (Clock::now() < settle && RelayAndReap(children)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     failed = PrimaryFailure(children, failed);
@@ -214,17 +218,7 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
     }
   }
   const auto grace_end = Clock::now() + std::chrono::seconds(10);
-  while (true) {
-    bool any = false;
-    for (RankChild& c : children) {
-      Drain(&c, false);
-      if (!c.done && c.process.Exited(&c.exit)) {
-        c.done = true;
-        Drain(&c, true);
-      }
-      any = any || !c.done;
-    }
-    if (!any) break;
+  while (RelayAndReap(children)) {
     if (Clock::now() > grace_end) {
       for (RankChild& c : children) {
         if (!c.done) {

@@ -565,6 +565,7 @@ class Rank {
     std::fflush(stdout);
   }
   void Plan();
+  PipelineConfig InprocessConfig(const std::string& split) const;
   void StartLoader(uint64_t start_epoch, uint64_t start_batch);
   void Rendezvous();
   void Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, int* straggler);
@@ -647,27 +648,32 @@ void Rank::Plan() {
   torch::set_num_threads(threads);
 }
 
+PipelineConfig Rank::InprocessConfig(const std::string& split) const {
+  PipelineConfig c;
+  c.data_dir = o_.data;
+  c.split = split;
+  c.rank = p_.rank;
+  c.world = p_.world;
+  c.batch_size = o_.batch_size;
+  c.threads = o_.loader_threads ? o_.loader_threads
+                                : static_cast<uint32_t>(std::max<size_t>(1, loader_plan_.loader_cpus.size()));
+  c.transform.image_size = g_.ring_size;
+  if (job_.plan.binds) c.thread_start = LoaderThreadStartHook(job_.topology, loader_plan_, p_.rank, nullptr);
+  return c;
+}
+
 void Rank::StartLoader(uint64_t start_epoch, uint64_t start_batch) {
   const bool delay = o_.simulate_slow_rank == p_.rank && o_.delay_ms > 0;
   if (o_.loader == "inprocess") {
-    PipelineConfig c;
-    c.data_dir = o_.data;
-    c.split = "train";
-    c.rank = p_.rank;
-    c.world = p_.world;
-    c.batch_size = o_.batch_size;
-    c.threads = o_.loader_threads ? o_.loader_threads
-                                  : static_cast<uint32_t>(std::max<size_t>(1, loader_plan_.loader_cpus.size()));
+    PipelineConfig c = InprocessConfig("train");
     c.prefetch = o_.prefetch;
     c.seed = o_.seed;
     c.start_epoch = start_epoch;
     c.start_batch = start_batch;
     c.epochs = static_cast<uint64_t>(o_.epochs) - start_epoch;
-    c.transform.image_size = g_.ring_size;
     c.transform.train = o_.augment;
     c.transform.pad_crop = o_.augment ? 4 : 0;
     c.transform.seed = o_.seed;
-    if (job_.plan.binds) c.thread_start = LoaderThreadStartHook(job_.topology, loader_plan_, p_.rank, nullptr);
     source_ = std::make_unique<InprocessSource>(c, g_, delay ? o_.delay_ms : 0);
     return;
   }
@@ -801,20 +807,11 @@ void Rank::Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, 
 std::pair<double, double> Rank::Evaluate() {
   const SplitInfo* split = manifest_.FindSplit(o_.eval_split);
   if (!split) return {-1, -1};
-  PipelineConfig c;
-  c.data_dir = o_.data;
-  c.split = o_.eval_split;
-  c.rank = p_.rank;
-  c.world = p_.world;
-  c.batch_size = o_.batch_size;
-  c.threads = o_.loader_threads ? o_.loader_threads
-                                : static_cast<uint32_t>(std::max<size_t>(1, loader_plan_.loader_cpus.size()));
+  PipelineConfig c = InprocessConfig(o_.eval_split);
   c.prefetch = 2;
   c.shuffle = false;
   c.epochs = 1;
-  c.transform.image_size = g_.ring_size;
   c.transform.train = false;
-  if (job_.plan.binds) c.thread_start = LoaderThreadStartHook(job_.topology, loader_plan_, p_.rank, nullptr);
   std::unique_ptr<Pipeline> pipe = Take(Pipeline::Open(c), "cannot open the " + o_.eval_split + " split");
   torch::NoGradGuard ng;
   model_->eval();
@@ -915,6 +912,11 @@ int Rank::Run() {
                       " ranks of batch " + std::to_string(at.batch_size) + "; this run has " +
                       std::to_string(p_.world) + " of " + std::to_string(o_.batch_size) +
                       " (the sample order would differ): resume with the same ranks and batch size");
+    }
+    if (at.epoch >= o_.epochs) {
+      throw RankError("the checkpoint " + o_.resume + " is at epoch " + std::to_string(at.epoch) +
+                      ", batch " + std::to_string(at.batch) + ": --epochs " + std::to_string(o_.epochs) +
+                      " leaves nothing to train (give more epochs)");
     }
     if (static_cast<uint64_t>(at.seed) != o_.seed) {
       if (p_.rank == 0) Log("resuming with the checkpoint's seed " + std::to_string(at.seed));
