@@ -41,7 +41,8 @@ void Drain(RankChild* c, bool flush) {
   char buf[8192];
   while (true) {
     const ssize_t n = read(c->err_fd, buf, sizeof buf);
-    if (n > 0) {
+    if (n > 0) {  // passed through as it comes (rank 0's progress bar redraws with '\r')
+      std::fwrite(buf, 1, static_cast<size_t>(n), stderr);
       c->partial.append(buf, static_cast<size_t>(n));
       continue;
     }
@@ -52,19 +53,22 @@ void Drain(RankChild* c, bool flush) {
     }
     break;  // EAGAIN or closed
   }
-  size_t start = 0, nl;
-  while ((nl = c->partial.find('\n', start)) != std::string::npos) {
-    const std::string line = c->partial.substr(start, nl - start);
+  auto keep = [c](std::string line) {
+    const size_t cr = line.rfind('\r');
+    if (cr != std::string::npos) line.erase(0, cr + 1);
     if (!line.empty()) c->last_line = line;
-    std::fprintf(stderr, "%s\n", line.c_str());
-    start = nl + 1;
+  };
+  size_t nl;
+  while ((nl = c->partial.find('\n')) != std::string::npos) {
+    keep(c->partial.substr(0, nl));
+    c->partial.erase(0, nl + 1);
   }
-  c->partial.erase(0, start);
   if (flush && !c->partial.empty()) {
-    c->last_line = c->partial;
-    std::fprintf(stderr, "%s\n", c->partial.c_str());
+    keep(c->partial);
+    std::fputc('\n', stderr);
     c->partial.clear();
   }
+  if (c->partial.size() > 65536) c->partial.erase(0, c->partial.size() - 4096);
   std::fflush(stderr);
 }
 
@@ -156,7 +160,8 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
         "MASTER_ADDR=" + o.master_addr,
         "MASTER_PORT=" + std::to_string(o.master_port),
         "NL_TRAINER_JOB_ID=" + job,
-        "NL_TRAINER_LAUNCHED=1"};
+        "NL_TRAINER_LAUNCHED=1",
+        std::string("NL_TRAINER_TTY=") + (isatty(2) ? "1" : "0")};
     Result<proc::ChildProcess> started = proc::ChildProcess::Start(args, env, -1, p[1]);
     close(p[1]);
     c.err_fd = p[0];

@@ -58,6 +58,12 @@ T Take(Result<T> r, const std::string& what) {
   return std::move(*r);
 }
 
+// Our launcher relays a rank's stderr through a pipe and says whether its own is a terminal.
+bool StderrIsTerminal() {
+  const char* v = std::getenv("NL_TRAINER_TTY");
+  return v ? std::string(v) == "1" : isatty(2) != 0;
+}
+
 double Ms(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -778,6 +784,10 @@ void Rank::Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, 
   const Verdict v = Diagnose(t, bindings_, previous_stragglers_);
   if (epoch_end) previous_stragglers_.push_back(v.straggler);
   if (straggler) *straggler = v.straggler;
+  if (!epoch_end && StderrIsTerminal()) {  // below the progress bar's line, not on it
+    std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
   Say(std::string(epoch_end ? "== epoch " + std::to_string(epoch) + " (whole epoch)"
                             : "== epoch " + std::to_string(epoch) + ", step " + std::to_string(step)) +
       ": per-rank time per step (ms)");
@@ -994,7 +1004,7 @@ int Rank::Run() {
     std::unique_ptr<Progress> bar;
     if (p_.rank == 0) {
       bar = std::make_unique<Progress>("Train Epoch " + std::to_string(epoch), static_cast<int64_t>(bpe_),
-                                       isatty(2) != 0, o_.report_every, stderr);
+                                       StderrIsTerminal(), o_.report_every, stderr);
     }
     Window report, whole;
     double loss_sum = 0;
