@@ -258,6 +258,8 @@ expect_rc 2 "--node-rank 2 of --nnodes 2" "$TR" --data "$W/p" --nnodes 2 --node-
 expect_text "--node-rank 2 is not below --nnodes 2" "saying why"
 expect_rc 2 "--simulate-slow-rank 4 of 4 ranks" "$TR" --data "$W/p" --nproc-per-node 4 --simulate-slow-rank 4 --delay-ms 5
 expect_text "is not a rank of 4" "saying why"
+expect_rc 2 "--lr nan is refused" "$TR" --data "$W/p" --lr nan
+expect_text "--lr must be a finite number" "saying so"
 expect_rc 2 "RANK without WORLD_SIZE" env RANK=0 "$TR" --data "$W/p"
 expect_text "must be set together" "saying what is missing"
 expect_rc 2 "WORLD_SIZE=abc" env RANK=0 WORLD_SIZE=abc LOCAL_RANK=0 "$TR" --data "$W/p"

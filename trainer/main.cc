@@ -8,6 +8,7 @@
 // (set by that launcher, by torchrun, or by a Slurm wrapper) it is one rank.
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cmath>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -153,6 +154,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trainer: error: %s\n", m.c_str());
     return 2;
   };
+  // CLI11's range checks let NaN through (every comparison with it is false).
+  for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", o.lr},
+                                {"--momentum", o.momentum},
+                                {"--weight-decay", o.weight_decay},
+                                {"--label-smoothing", o.label_smoothing},
+                                {"--delay-ms", o.delay_ms},
+                                {"--timeout", o.timeout_s}}) {
+    if (!std::isfinite(v)) return fail(std::string(name) + " must be a finite number");
+  }
   if (o.node_rank >= o.nnodes) {
     return fail("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
                 std::to_string(o.nnodes));
