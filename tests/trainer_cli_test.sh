@@ -278,6 +278,10 @@ next_port
 expect_rc 1 "--metrics-out in a missing directory" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
   --max-steps 2 --master-port "$PORT" --metrics-out "$W/no/such/m.jsonl"
 expect_text "cannot write --metrics-out $W/no/such/m.jsonl" "naming it"
+next_port
+expect_rc 1 "--params-out on a directory is refused before training" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --nproc-per-node 2 --max-steps 2 --master-port "$PORT" --params-out "$W"
+expect_text "trainer rank 0: error: --params-out $W is a directory" "naming it"
 # Two jobs on one port: the second fails clearly; the first is not disturbed.
 next_port
 "$TR" "${LONG[@]}" --epochs 1 --max-steps 30 --master-port "$PORT" >"$W/first.out" 2>&1 &

@@ -152,7 +152,7 @@ class ServiceSource : public BatchSource {
  public:
   ServiceSource(const std::vector<std::string>& args, const std::string& job, int rank,
                 double timeout_s, const Geometry& g, double attach_limit_s)
-      : job_(job), rank_(rank), timeout_s_(timeout_s), g_(g) {
+      : timeout_s_(timeout_s), g_(g) {
     log_ = Take(proc::MakeLogFd("loader-serve"), "cannot make a log for its loader service");
     serve_ = Take(proc::ChildProcess::Start(args, {}, log_.get(), log_.get()),
                   "cannot start its loader service");
@@ -236,11 +236,8 @@ class ServiceSource : public BatchSource {
     return b;
   }
   pid_t loader_pid() const override { return serve_.pid() > 0 ? serve_.pid() : pid_; }
-  std::string LogTail() const { return proc::TailOf(log_.get(), 5); }
 
  private:
-  std::string job_;
-  int rank_;
   double timeout_s_;
   Geometry g_;
   ring::Fd log_;
@@ -877,6 +874,17 @@ int Rank::Run() {
       }
       if (stat(o_.out.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(o_.out.c_str(), W_OK) != 0) {
         throw RankError("--out " + o_.out + " is not a writable directory");
+      }
+    }
+    if (!o_.params_out.empty()) {  // written at the end: fail now, not after the run
+      const std::string dir = DirOf(o_.params_out);
+      struct stat st {};
+      if (stat(o_.params_out.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        throw RankError("--params-out " + o_.params_out + " is a directory");
+      }
+      if (access(dir.c_str(), W_OK) != 0) {
+        throw RankError("--params-out " + o_.params_out + ": cannot write in " + dir + ": " +
+                        std::strerror(errno));
       }
     }
     if (!o_.metrics_out.empty()) {
