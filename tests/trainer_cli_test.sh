@@ -127,7 +127,23 @@ if lt "$d" 1e-6; then ok "the same parameters as straight (max |diff| $d)"; else
 next_port
 expect_rc 1 "a checkpoint of 2 ranks refused by 1" "$TR" "${R18[@]}" --nproc-per-node 1 --master-port "$PORT" \
   --resume "$W/ck/checkpoint.pt"
-expect_text "written by 2 ranks of batch 16" "saying why"
+expect_text "written for 2 ranks of batch 16" "saying why"
+# A checkpoint is checked against the model and the data set before it is loaded.
+next_port
+expect_rc 1 "a resnet18 checkpoint refused by --model smallcnn" "$TR" "${R18[@]}" --model smallcnn \
+  --master-port "$PORT" --resume "$W/ck/checkpoint.pt"
+expect_text "trainer: ranks 0 and 1 failed alike (exit status 1: the checkpoint $W/ck/checkpoint.pt was written for --model resnet18; this run has --model smallcnn)" \
+  "saying why, once for both ranks"
+"$PT" cifar100 "$W/s100" "$W/s20" --label coarse >/dev/null || fail "could not pack coarse labels"
+next_port
+expect_rc 1 "a checkpoint of 100 classes refused on a data set of 20" "$TR" "${R18[@]}" --data "$W/s20" \
+  --master-port "$PORT" --resume "$W/ck/checkpoint.pt"
+expect_text "was written for a data set of 100 classes and 400 training samples; --data has 20 and 400" "saying why"
+next_port
+expect_rc 1 "--max-steps 20 with a checkpoint at step 20" "$TR" "${R18[@]}" --max-steps 20 \
+  --master-port "$PORT" --resume "$W/ck/checkpoint.pt" --metrics-out "$W/none.jsonl"
+expect_text "is at step 20: --max-steps 20 leaves nothing to train" "is refused, saying why"
+if [ -s "$W/none.jsonl" ]; then fail "it wrote a metrics record: $(cat "$W/none.jsonl")"; else ok "and writes no epoch record"; fi
 
 # --- two nodes on loopback, and torchrun ----------------------------------------
 TWO=(--data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --max-steps 10)
@@ -251,6 +267,88 @@ check_rc $? 130 "SIGINT (Ctrl-C) to the launcher: exit 130 within 30 s (${SECS} 
 if grep -q "stopped by SIGINT" "$W/k_int.out"; then ok "it says it was stopped by SIGINT"; else fail "SIGINT: $(tail -2 "$W/k_int.out")"; fi
 nothing_left "trainer-$PORT-" "after SIGINT"
 
+# A rank that stops making progress (SIGSTOP): the others give up after
+# --timeout in their collective and say whom they waited for; the launcher
+# names the stalled rank, not the ones that timed out.
+next_port
+"$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 50 --timeout 5 \
+  --master-port "$PORT" >"$W/stop.out" 2>&1 &
+LP=$!
+pids+=("$LP")
+for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/stop.out" && break; sleep 0.1; done
+sleep 1
+R1=$(rank_pid "$LP" 1)
+kill -STOP "$R1"
+wait_gone "$LP" 40
+check_rc $? 1 "SIGSTOP of rank 1: the launcher exits 1 (${SECS} s with --timeout 5)"
+if grep -q "^trainer: rank 1 made no progress (its process is stopped (SIGSTOP" "$W/stop.out" &&
+  grep -Eq "rank 1 silent for [0-9.]+ s" "$W/stop.out"; then
+  ok "naming rank 1 as stalled, and rank 0 saying it heard nothing from it"
+else
+  fail "SIGSTOP: $(tail -3 "$W/stop.out")"
+fi
+kill -9 "$R1" 2>/dev/null
+nothing_left "trainer-$PORT-" "after a stalled rank"
+
+next_port
+expect_rc 1 "a loader that delivers nothing (--delay-ms 60000, --timeout 4)" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --nproc-per-node 2 --batch-size 8 --max-steps 5 --timeout 4 --simulate-slow-rank 1 --delay-ms 60000 \
+  --master-port "$PORT"
+expect_out "^trainer: rank 1 failed \(exit status 1: trainer rank 1: error: its loader service \(pid [0-9]+\): .*has sent nothing for" \
+  "names rank 1's loader (not rank 0, which timed out waiting for it)"
+expect_text "last seen filling a batch (reading, decoding, resizing) (epoch 0, batch 0)" \
+  "and says what the loader was doing"
+expect_out "rank 1 waiting for data from its loader for [0-9.]+ s" "rank 0 says whom it waited for"
+
+# Ranks started by hand with inconsistent variables.
+RUN1=(--data "$W/p" "${SMALL[@]}" --max-steps 2 --timeout 8)
+next_port
+env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" >"$W/ws0.out" 2>&1 &
+WS0=$!
+pids+=("$WS0")
+expect_rc 1 "a rank with another WORLD_SIZE than rank 0's" env RANK=1 WORLD_SIZE=3 LOCAL_RANK=1 \
+  LOCAL_WORLD_SIZE=2 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}"
+expect_text "this rank has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2" "saying so"
+wait "$WS0"
+check_rc $? 1 "and rank 0 fails too"
+if grep -q "rank 1 has WORLD_SIZE=3 but this rank (0) has 2" "$W/ws0.out"; then ok "saying so"; else fail "rank 0: $(cat "$W/ws0.out")"; fi
+next_port
+expect_rc 1 "rank 0 of 3 alone" env RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" --timeout 3
+expect_text "waited 3 s at the rendezvous 127.0.0.1:$PORT for ranks 1 and 2 of 3" "names the ranks that never came"
+expect_rc 1 "an unresolvable MASTER_ADDR" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=no-such-host.invalid \
+  MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" --timeout 600
+expect_text "cannot resolve MASTER_ADDR no-such-host.invalid" "fails at once, saying so"
+
+# Stopped mid-checkpoint (SIGTERM, SIGHUP to the launcher; SIGTERM to rank 0
+# itself): no temporary file is left; one a kill -9 left is removed next time.
+CK=(--data "$W/s" --model resnet18 --image-size 32 --allow-shared-cores --report-every 0 --nproc-per-node 2
+  --batch-size 8 --epochs 50 --checkpoint-every 1 --out "$W/sig")
+for how in launcher:TERM launcher:HUP rank0:TERM; do
+  next_port
+  rm -f "$W/sig/checkpoint.pt"
+  "$TR" "${CK[@]}" --master-port "$PORT" >"$W/sig.out" 2>&1 &
+  LP=$!
+  pids+=("$LP")
+  for ((i = 0; i < 300; i++)); do [ -e "$W/sig/checkpoint.pt" ] && break; sleep 0.1; done
+  sleep 0.$((RANDOM % 10))
+  if [ "${how%%:*}" = launcher ]; then kill -"${how#*:}" "$LP"; else kill -TERM "$(rank_pid "$LP" 0)"; fi
+  wait_gone "$LP" 30
+  rc=$?
+  case $how in
+    launcher:TERM) want=143 ;;
+    launcher:HUP) want=129 ;;
+    *) want=1 ;;
+  esac
+  check_rc $rc $want "$how mid-checkpointing: exit $want"
+  left=$(ls -A "$W/sig" | grep -v -x -e checkpoint.pt -e .trainer.lock)
+  if [ -z "$left" ]; then ok "$how: no temporary left in --out"; else fail "$how: left $left"; fi
+done
+: >"$W/sig/checkpoint.pt.tmp.4242"
+next_port
+expect_rc 0 "the next run in that --out" "$TR" "${CK[@]}" --epochs 1 --max-steps 1 --master-port "$PORT"
+if [ -e "$W/sig/checkpoint.pt.tmp.4242" ]; then fail "a stale temporary is left"; else ok "removes a temporary a killed job left"; fi
+nothing_left "trainer-$PORT-" "after the signals"
+
 # --- what users get wrong -------------------------------------------------------
 expect_rc 105 "--model vgg16 is refused" "$TR" --data "$W/p" --model vgg16
 expect_text "vgg16" "naming the value"
@@ -264,35 +362,75 @@ expect_rc 2 "RANK without WORLD_SIZE" env RANK=0 "$TR" --data "$W/p"
 expect_text "must be set together" "saying what is missing"
 expect_rc 2 "WORLD_SIZE=abc" env RANK=0 WORLD_SIZE=abc LOCAL_RANK=0 "$TR" --data "$W/p"
 expect_text "WORLD_SIZE=abc is not an integer" "naming the variable"
+# The launcher checks the data and the outputs once, before it starts any rank.
 next_port
-expect_rc 1 "a missing shard set" "$TR" --data "$W/nothing" --master-port "$PORT"
-expect_text "rank 0 failed" "names the rank"
-expect_text "$W/nothing" "and the path"
+expect_rc 2 "a missing shard set" "$TR" --data "$W/nothing" --nproc-per-node 2 --master-port "$PORT"
+expect_text "trainer: error: cannot read the shard set" "says so once, before any rank starts"
+expect_text "$W/nothing" "with the path"
+if grep -q "rank" "$W/out"; then fail "ranks were started: $(cat "$W/out")"; else ok "no rank was started"; fi
+expect_rc 2 "--eval-split tset (a typo)" "$TR" --data "$W/p" "${SMALL[@]}" --eval-split tset
+expect_text "--eval-split tset: $W/p has no such split (it has test, train" "is refused, naming the splits"
+expect_rc 105 "--seed -1" "$TR" --data "$W/p" --seed -1
+expect_text "Value -1 is not a whole number" "is refused (not wrapped to 2^64-1)"
 touch "$W/a-file"
+expect_rc 2 "--out on a file" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --max-steps 2 --out "$W/a-file"
+expect_text "trainer: error: cannot write the outputs: Invalid argument: --out $W/a-file is not a writable directory" \
+  "saying why"
+expect_rc 2 "--metrics-out in a missing directory" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
+  --max-steps 2 --metrics-out "$W/no/such/m.jsonl"
+expect_text "--metrics-out $W/no/such/m.jsonl: cannot write in $W/no/such" "naming it"
+expect_rc 2 "--params-out on a directory is refused before training" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --nproc-per-node 2 --max-steps 2 --params-out "$W"
+expect_text "--params-out $W is a directory" "naming it"
+expect_rc 2 "--metrics-out on --out's checkpoint" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
+  --out "$W/col" --metrics-out "$W/col/../col/checkpoint.pt"
+expect_text "is the same file as --out's checkpoint $W/col/checkpoint.pt" "is refused, however it is spelled"
+expect_rc 2 "--metrics-out inside the shard set" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
+  --metrics-out "$W/p/manifest.json"
+expect_text "lies inside the shard set" "is refused"
+if $PY -c "import json,sys; json.load(open(sys.argv[1]))" "$W/p/manifest.json"; then
+  ok "and the manifest is intact"
+else
+  fail "the manifest was overwritten"
+fi
 next_port
-expect_rc 1 "--out on a file" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --max-steps 2 \
-  --master-port "$PORT" --out "$W/a-file"
-expect_text "trainer: rank 0 failed (exit status 1: trainer rank 0: error: --out $W/a-file is not a writable directory)" \
-  "rank 0 is named with the cause (not a peer that lost it)"
+expect_rc 1 "a rank under torchrun's variables checks its outputs too" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+  MASTER_PORT="$PORT" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 --params-out "$W"
+expect_text "trainer rank 0: error: cannot write the outputs: Invalid argument: --params-out $W is a directory" "saying why"
+# Two jobs on one port or on one --out / --metrics-out: the second fails
+# clearly, naming the first; the first is not disturbed.
 next_port
-expect_rc 1 "--metrics-out in a missing directory" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
-  --max-steps 2 --master-port "$PORT" --metrics-out "$W/no/such/m.jsonl"
-expect_text "cannot write --metrics-out $W/no/such/m.jsonl" "naming it"
-next_port
-expect_rc 1 "--params-out on a directory is refused before training" "$TR" --data "$W/p" "${SMALL[@]}" \
-  --nproc-per-node 2 --max-steps 2 --master-port "$PORT" --params-out "$W"
-expect_text "trainer rank 0: error: --params-out $W is a directory" "naming it"
-# Two jobs on one port: the second fails clearly; the first is not disturbed.
-next_port
-"$TR" "${LONG[@]}" --epochs 1 --max-steps 30 --master-port "$PORT" >"$W/first.out" 2>&1 &
+FIRST_PORT=$PORT
+"$TR" "${LONG[@]}" --epochs 3 --max-steps 30 --master-port "$PORT" --out "$W/shared" \
+  --metrics-out "$W/shared.jsonl" >"$W/first.out" 2>&1 &
 FIRST=$!
 pids+=("$FIRST")
 for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/first.out" && break; sleep 0.1; done
 expect_rc 1 "a second job on the same --master-port" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
   --max-steps 2 --master-port "$PORT"
 expect_text "another job may be using it: pick another --master-port" "saying so"
+next_port
+expect_rc 2 "a second job on the same --out" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
+  --master-port "$PORT" --out "$W/shared"
+expect_text "--out $W/shared is in use by another trainer job (pid $FIRST: " "naming the job that holds it"
+expect_rc 2 "a second job on the same --metrics-out (spelled otherwise)" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --max-steps 2 --master-port "$PORT" --metrics-out "$W/./shared.jsonl"
+expect_text "is in use by another trainer job (pid $FIRST: " "naming it"
+expect_rc 1 "a rank under torchrun's variables on the same --out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+  MASTER_PORT="$PORT" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 --out "$W/shared"
+expect_text "is in use by another trainer job" "is refused too"
 wait "$FIRST"
 check_rc $? 0 "the first job finishes undisturbed"
+$PY - "$W/shared.jsonl" >"$W/out" 2>&1 <<'PYEOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+# 13 steps an epoch, 30 in all: 3 epochs, each 4 ranks' report and its epoch record
+reports = [l for l in lines if "rank" in l]
+epochs = [l for l in lines if "train_loss" in l]
+assert len(reports) == 12 and len(epochs) == 3 and epochs[-1]["steps"] == 30, lines
+print("ok")
+PYEOF
+check_rc $? 0 "its metrics are its own (3 epochs of 4 report lines and an epoch record)"
 nodes=$(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)
 if [ "$nodes" -le 1 ]; then
   next_port

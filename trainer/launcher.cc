@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "loader/ring/child_process.h"
+#include "loader/ring/ring_socket.h"
 
 namespace nl::trainer {
 namespace {
@@ -96,29 +97,44 @@ std::string RankList(const std::vector<int>& ranks) {
 }
 
 // A rank's failure that is only the echo of another's: it lost a peer in a
-// collective (Gloo or NCCL says the connection closed or was reset).
-bool LostAPeer(const RankChild& c) {
+// collective (Gloo or NCCL says the connection closed or was reset), gave up
+// waiting for one there or at the rendezvous, or lost the store rank 0 hosts.
+bool IsEcho(const RankChild& c) {
   if (!WIFEXITED(c.exit.status)) return false;
   for (const char* s : {"Connection closed by peer", "Connection reset by peer", "gloo/transport",
-                        "NCCL communicator was aborted", "Broken pipe"}) {
+                        "NCCL communicator was aborted", "Broken pipe", "in a collective",
+                        "at the rendezvous", "cannot reach the rendezvous store"}) {
     if (c.last_line.find(s) != std::string::npos) return true;
   }
   return false;
 }
 
 // Among the failed ranks: one killed by a signal, else one that did not
-// merely lose a peer, else the first to fail.
+// merely echo another's failure, else the first to fail.
 int PrimaryFailure(const std::vector<RankChild>& children, int first) {
   for (size_t i = 0; i < children.size(); ++i) {
     const RankChild& c = children[i];
     if (c.done && WIFSIGNALED(c.exit.status)) return static_cast<int>(i);
   }
-  if (!LostAPeer(children[static_cast<size_t>(first)])) return first;
+  if (!IsEcho(children[static_cast<size_t>(first)])) return first;
   for (size_t i = 0; i < children.size(); ++i) {
     const RankChild& c = children[i];
-    if (c.done && !c.exit.Succeeded() && !LostAPeer(c)) return static_cast<int>(i);
+    if (c.done && !c.exit.Succeeded() && !IsEcho(c)) return static_cast<int>(i);
   }
   return first;
+}
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "a signal";
+  }
 }
 
 }  // namespace
@@ -134,6 +150,7 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // the terminal went away: stop the job like SIGTERM
   signal(SIGPIPE, SIG_IGN);
 
   const int world = o.nproc_per_node * o.nnodes;
@@ -213,12 +230,25 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
     }
     failed = PrimaryFailure(children, failed);
   }
+  // Every failure so far echoes another's, and some ranks still run: those
+  // are the ones the others waited for (stopped, hung, or stuck on data).
+  std::vector<int> stalled;
+  std::string stalled_state;
+  if (failed >= 0 && g_signal.load() == 0 && IsEcho(children[static_cast<size_t>(failed)])) {
+    for (RankChild& c : children) {
+      if (!c.done && c.process.pid() > 0) {
+        stalled.push_back(c.rank);
+        if (stalled_state.empty()) stalled_state = ring::ProcessState(c.process.pid());
+      }
+    }
+  }
 
   // Stop whatever still runs: SIGTERM, then SIGKILL after a grace period.
   std::vector<int> stopped;
   for (RankChild& c : children) {
     if (!c.done && c.process.pid() > 0) {
       kill(c.process.pid(), SIGTERM);
+      kill(c.process.pid(), SIGCONT);  // a stopped rank (SIGSTOP) acts on SIGTERM only once continued
       stopped.push_back(c.rank);
     }
   }
@@ -247,8 +277,7 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
                                  RankList(stopped);
   if (g_signal.load() != 0 && failed < 0) {
     const int sig = g_signal.load();
-    return {128 + sig, "trainer: stopped by " + std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") +
-                           others};
+    return {128 + sig, "trainer: stopped by " + std::string(SignalName(sig)) + others};
   }
   if (failed >= 0) {
     RankChild& c = children[static_cast<size_t>(failed)];
@@ -261,9 +290,34 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
         echoes.push_back(x.rank);
       }
     }
+    // Every failed rank says the same (a bad checkpoint, say): one message.
+    auto text = [](const RankChild& x) {
+      const std::string prefix = "trainer rank " + std::to_string(x.rank) + ": ";
+      std::string t = x.last_line.rfind(prefix, 0) == 0 ? x.last_line.substr(prefix.size()) : x.last_line;
+      return t.rfind("error: ", 0) == 0 ? t.substr(7) : t;
+    };
+    bool same = !echoes.empty() && stalled.empty() && WIFEXITED(c.exit.status);
+    for (const RankChild& x : children) {
+      if (same && std::find(echoes.begin(), echoes.end(), x.rank) != echoes.end()) {
+        same = x.exit.status == c.exit.status && text(x) == text(c);
+      }
+    }
+    if (same) {
+      std::vector<int> all = echoes;
+      all.push_back(c.rank);
+      std::sort(all.begin(), all.end());
+      return {1, "trainer: ranks " + RankList(all) + " failed alike (" + c.exit.Describe() + ": " + text(c) +
+                     ")" + others};
+    }
     std::string also;
     if (!echoes.empty()) {
       also = "; rank" + std::string(echoes.size() > 1 ? "s " : " ") + RankList(echoes) + " failed after it (see above)";
+    }
+    if (!stalled.empty()) {
+      return {1, "trainer: rank" + std::string(stalled.size() > 1 ? "s " : " ") + RankList(stalled) +
+                     " made no progress (" + (stalled.size() > 1 ? "the first is " : "its process is ") +
+                     stalled_state + "): rank " + std::to_string(c.rank) + " gave up waiting for " +
+                     (stalled.size() > 1 ? "them" : "it") + " (" + cause + ")" + also + others};
     }
     return {1, "trainer: rank " + std::to_string(c.rank) + " failed (" + cause + ")" + also + others};
   }

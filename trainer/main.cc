@@ -15,8 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "formats/manifest.h"
+#include "loader/plan/job_plan.h"
 #include "trainer/launcher.h"
 #include "trainer/options.h"
+#include "trainer/preflight.h"
 #include "trainer/rank.h"
 
 namespace {
@@ -92,6 +95,14 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--max-steps", o.max_steps, "Stop after this many steps (0: whole epochs)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--seed", o.seed, "Seed of the sample order, augmentation and initial weights")
+      ->check(CLI::Validator(  // CLI11 would wrap -1 to 2^64 - 1
+          [](std::string& v) {
+            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "Value " + v + " is not a whole number of 0 or more";
+          },
+          "UINT", "digits"))
+      ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}))  // a checkpoint stores it as int64
       ->capture_default_str();
   app.add_option("--out", o.out, "Directory for checkpoints and charts");
   app.add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N steps (with --out)")
@@ -226,6 +237,22 @@ int main(int argc, char** argv) {
   if (o.misbind_rank >= world_size) {
     return fail("--misbind-rank " + std::to_string(o.misbind_rank) + " is not a rank of " +
                 std::to_string(world_size));
+  }
+  // Checked once here, so a bad data set, plan or output is one error, not
+  // one per rank; the outputs stay locked until every rank has ended.
+  nl::Result<nl::Manifest> manifest = nl::LoadManifest(o.data);
+  if (!manifest.ok()) return fail("cannot read the shard set: " + manifest.status().ToString());
+  nl::Status st = nl::trainer::CheckData(o, *manifest);
+  if (!st.ok()) return fail("cannot train on " + o.data + ": " + st.ToString());
+  nl::Result<nl::JobPlan> plan = nl::MakeJobPlan(nl::trainer::PlanRequest(o, o.nproc_per_node));
+  if (!plan.ok()) return fail("cannot plan the binding: " + plan.status().ToString());
+  nl::trainer::OutputLock lock;
+  if (o.node_rank == 0) {  // rank 0, which writes them, runs on node 0
+    st = nl::trainer::CheckOutputs(o);
+    if (!st.ok()) return fail("cannot write the outputs: " + st.ToString());
+    nl::Result<nl::trainer::OutputLock> l = nl::trainer::LockOutputs(o);
+    if (!l.ok()) return fail(l.status().ToString());
+    lock = std::move(*l);
   }
   std::vector<std::string> args(argv, argv + argc);
   const nl::trainer::LaunchResult r =

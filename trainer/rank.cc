@@ -2,6 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +19,9 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -37,6 +42,7 @@
 #include "loader/staging/staging.h"
 #include "trainer/diagnostics.h"
 #include "trainer/models.h"
+#include "trainer/preflight.h"
 #include "trainer/progress.h"
 
 namespace nl::trainer {
@@ -80,14 +86,48 @@ std::string SelfDir() {
   return n > 0 ? DirOf(std::string(buf, static_cast<size_t>(n))) : ".";
 }
 
+// The temporary file being written, removed by the handler of SIGTERM,
+// SIGINT and SIGHUP before the signal ends the process (unlink is
+// async-signal-safe): a job stopped mid-save leaves no half file behind.
+char g_temp_path[4096];
+std::atomic<bool> g_temp_active{false};
+
+extern "C" void OnTerminatingSignal(int sig) {
+  if (g_temp_active.load()) unlink(g_temp_path);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void InstallSignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnTerminatingSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+class TempFileGuard {
+ public:
+  explicit TempFileGuard(const std::string& path) {
+    std::snprintf(g_temp_path, sizeof g_temp_path, "%s", path.c_str());
+    g_temp_active.store(true);
+  }
+  ~TempFileGuard() { g_temp_active.store(false); }
+  TempFileGuard(const TempFileGuard&) = delete;
+  TempFileGuard& operator=(const TempFileGuard&) = delete;
+};
+
 // Writes `bytes` to path atomically (a temporary beside it, then rename).
 void WriteAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  TempFileGuard guard(tmp);
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     f.flush();
-    if (!f) throw RankError("cannot write " + tmp);
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw RankError("cannot write " + tmp + " (disk full?)");
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
@@ -147,21 +187,44 @@ Batch FromHost(const void* pixels, const int64_t* labels, uint32_t n, const Geom
   return b;
 }
 
+// What a loader service's log says about its end: its error lines when it
+// has any (not its routine plan and progress lines), else its last lines.
+std::string ServeLogSummary(int fd) {
+  std::vector<std::string> errors = proc::LinesWith(fd, "error");
+  if (errors.empty()) return proc::TailOf(fd, 3);
+  if (errors.size() > 3) errors.erase(errors.begin(), errors.end() - 3);
+  std::string out;
+  for (const std::string& l : errors) out += (out.empty() ? "" : " | ") + l;
+  return out;
+}
+
+std::string WithTail(const std::string& s, const std::string& tail) {
+  return tail.empty() ? s : s + ": " + tail;
+}
+
 // A `loader serve` child and the ring it fills.
 class ServiceSource : public BatchSource {
  public:
+  // spawn_cpus: the cpus the service may plan on (the process's, not the
+  // rank's own bound core, which a child would otherwise inherit); null: as is.
   ServiceSource(const std::vector<std::string>& args, const std::string& job, int rank,
-                double timeout_s, const Geometry& g, double attach_limit_s)
+                double timeout_s, const Geometry& g, double attach_limit_s, const cpu_set_t* spawn_cpus)
       : timeout_s_(timeout_s), g_(g) {
     log_ = Take(proc::MakeLogFd("loader-serve"), "cannot make a log for its loader service");
-    serve_ = Take(proc::ChildProcess::Start(args, {}, log_.get(), log_.get()),
-                  "cannot start its loader service");
+    cpu_set_t bound;
+    const bool swap = spawn_cpus && sched_getaffinity(0, sizeof bound, &bound) == 0 &&
+                      sched_setaffinity(0, sizeof *spawn_cpus, spawn_cpus) == 0;
+    Result<proc::ChildProcess> started = proc::ChildProcess::Start(args, {}, log_.get(), log_.get());
+    if (swap) sched_setaffinity(0, sizeof bound, &bound);
+    serve_ = Take(std::move(started), "cannot start its loader service");
+    pid_ = serve_.pid();
     const auto start = Clock::now();
     while (true) {
       proc::ChildExit e;
       if (serve_.Exited(&e)) {
-        throw RankError("its loader service (" + args[0] + " serve) ended (" + e.Describe() +
-                        ") before the rank attached: " + proc::TailOf(log_.get(), 3));
+        throw RankError(WithTail("its loader service (" + args[0] + " serve, pid " + std::to_string(pid_) +
+                                     ") ended (" + e.Describe() + ") before the rank attached",
+                                 ServeLogSummary(log_.get())));
       }
       Result<std::unique_ptr<RingClient>> c = RingClient::Attach(job, rank, 0.5);
       if (c.ok()) {
@@ -174,9 +237,10 @@ class ServiceSource : public BatchSource {
         Check(c.status(), "cannot attach to its loader service");
       }
       if (std::chrono::duration<double>(Clock::now() - start).count() > attach_limit_s) {
-        throw RankError("its loader service (pid " + std::to_string(serve_.pid()) +
-                        ") did not open its ring within " + std::to_string(int(attach_limit_s)) +
-                        " s: " + proc::TailOf(log_.get(), 3));
+        throw RankError(WithTail("its loader service (pid " + std::to_string(pid_) +
+                                     ") did not open its ring within " +
+                                     std::to_string(int(attach_limit_s)) + " s",
+                                 ServeLogSummary(log_.get())));
       }
     }
     StagingOptions so;
@@ -205,12 +269,22 @@ class ServiceSource : public BatchSource {
     Result<StagedBatch> r = stager_->Next(timeout_s_);
     *data_ms = Ms(t0, Clock::now());
     if (!r.ok()) {
+      // A service that vanished: let it be reaped, then say how it ended.
       proc::ChildExit e;
-      std::string how = serve_.Exited(&e) ? " (" + e.Describe() + ")" : "";
-      throw RankError("its loader service (pid " + std::to_string(serve_.pid() > 0 ? serve_.pid() : pid_) +
-                      ")" + how + ": " + r.status().ToString());
+      bool exited = serve_.Exited(&e);
+      if (!exited && r.status().code() == StatusCode::kUnavailable) {
+        const auto until = Clock::now() + std::chrono::seconds(2);
+        while (!(exited = serve_.Exited(&e)) && Clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+      if (exited && WIFSIGNALED(e.status)) {
+        throw RankError("its loader service (pid " + std::to_string(pid_) + ") was " + e.Describe() +
+                        " while the rank waited for a batch");
+      }
+      throw RankError("its loader service (pid " + std::to_string(pid_) + ")" +
+                      (exited ? " (" + e.Describe() + ")" : "") + ": " + r.status().ToString());
     }
-    pid_ = serve_.pid();
     const StagedBatch& s = *r;
     Batch b;
 #if NL_TRAINER_CUDA
@@ -235,7 +309,7 @@ class ServiceSource : public BatchSource {
     b.batch = s.host.batch;
     return b;
   }
-  pid_t loader_pid() const override { return serve_.pid() > 0 ? serve_.pid() : pid_; }
+  pid_t loader_pid() const override { return pid_; }
 
  private:
   double timeout_s_;
@@ -318,30 +392,179 @@ uint64_t LoaderNodes(pid_t pid, const Topology& topo) {
 // ---------------------------------------------------------------------------
 // Collectives.
 
+// Where each rank is, published to the store about once a second, so that a
+// rank that gives up waiting in a collective can say which peer it waited
+// for and what that peer was doing (or that it went silent: stopped, hung).
+enum class Phase : int { kStarting, kData, kCompute, kComm, kEval, kCheckpoint, kDone };
+
+const char* PhaseName(int p) {
+  switch (static_cast<Phase>(p)) {
+    case Phase::kStarting:
+      return "starting";
+    case Phase::kData:
+      return "waiting for data from its loader";
+    case Phase::kCompute:
+      return "computing";
+    case Phase::kComm:
+      return "in a collective";
+    case Phase::kEval:
+      return "evaluating";
+    case Phase::kCheckpoint:
+      return "writing a checkpoint";
+    case Phase::kDone:
+      return "done";
+  }
+  return "unknown";
+}
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct StoreAddress {
+  std::string host, prefix;
+  int port = 0;
+};
+
+c10::intrusive_ptr<c10d::Store> ConnectStore(const StoreAddress& a, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(a.port);
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  return c10::make_intrusive<c10d::PrefixStore>(a.prefix, c10::make_intrusive<c10d::TCPStore>(a.host, so));
+}
+
+class Heartbeat {
+ public:
+  Heartbeat(StoreAddress a, int rank, int world) : a_(std::move(a)), rank_(rank), world_(world) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Set(Phase p, int64_t step) {
+    step_.store(step);
+    if (phase_.exchange(static_cast<int>(p)) != static_cast<int>(p)) since_.store(WallMs());
+  }
+
+  // The other ranks' last heartbeats, in words: who is behind or silent.
+  std::string Peers() const {
+    c10::intrusive_ptr<c10d::Store> st;
+    try {
+      st = ConnectStore(a_, std::chrono::milliseconds(3000));
+    } catch (const std::exception&) {
+      return "the rendezvous store (hosted by rank 0) does not answer: rank 0 is stopped, hung or gone";
+    }
+    const int64_t now = WallMs();
+    std::string silent, waiting, others;
+    try {
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_) continue;
+        const std::string key = "hb/" + std::to_string(r);
+        if (!st->check({key})) {
+          silent += (silent.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " never sent one");
+          continue;
+        }
+        const std::vector<uint8_t> v = st->get(key);
+        long long step = 0, since = 0, at = 0;
+        int phase = 0;
+        if (std::sscanf(std::string(v.begin(), v.end()).c_str(), "%lld %d %lld %lld", &step, &phase, &since,
+                        &at) != 4) {
+          continue;
+        }
+        char buf[256];
+        if (now - at > 3000) {
+          std::snprintf(buf, sizeof buf, "rank %d silent for %.1f s (last: step %lld, %s)", r,
+                        1e-3 * static_cast<double>(now - at), step, PhaseName(phase));
+          silent += (silent.empty() ? "" : "; ") + std::string(buf);
+        } else if (phase != static_cast<int>(Phase::kComm) && now - since > 2000) {
+          std::snprintf(buf, sizeof buf, "rank %d %s for %.1f s (step %lld)", r, PhaseName(phase),
+                        1e-3 * static_cast<double>(now - since), step);
+          waiting += (waiting.empty() ? "" : "; ") + std::string(buf);
+        }
+      }
+    } catch (const std::exception&) {
+      return "the rendezvous store (hosted by rank 0) stopped answering: rank 0 is stopped, hung or gone";
+    }
+    if (!silent.empty()) return "no heartbeat from the rank it waits for: " + silent + (waiting.empty() ? "" : "; " + waiting);
+    if (!waiting.empty()) return "the rank it waits for: " + waiting;
+    return "every other rank still sends heartbeats and none is stuck outside a collective";
+  }
+
+ private:
+  void Loop() {
+    c10::intrusive_ptr<c10d::Store> st;
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stop_) {
+      l.unlock();
+      try {
+        if (!st) st = ConnectStore(a_, std::chrono::milliseconds(5000));
+        const std::string v = std::to_string(step_.load()) + " " + std::to_string(phase_.load()) + " " +
+                              std::to_string(since_.load()) + " " + std::to_string(WallMs());
+        st->set("hb/" + std::to_string(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+      } catch (const std::exception&) {
+        st.reset();  // the store is gone or slow: try again next time
+      }
+      l.lock();
+      cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_; });
+    }
+  }
+
+  StoreAddress a_;
+  int rank_, world_;
+  std::atomic<int64_t> step_{0}, since_{WallMs()};
+  std::atomic<int> phase_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class Comm {
  public:
-  Comm(c10::intrusive_ptr<c10d::ProcessGroup> pg, int world, std::chrono::milliseconds timeout)
-      : pg_(std::move(pg)), world_(world), timeout_(timeout) {}
+  Comm(c10::intrusive_ptr<c10d::ProcessGroup> pg, int world, std::chrono::milliseconds timeout,
+       const Heartbeat* hb)
+      : pg_(std::move(pg)), world_(world), timeout_(timeout), hb_(hb) {}
 
-  void AllReduceSum(torch::Tensor& t) {
-    std::vector<torch::Tensor> v{t};
-    pg_->allreduce(v)->wait(timeout_);
+  // Waits for a collective; a failure names the collective and, for a
+  // timeout, the peer it waited for (from the heartbeats). Every such
+  // message says "in a collective": the launcher counts it as an echo.
+  void Wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
+    try {
+      w->wait(timeout_);
+    } catch (const c10::Error& e) {
+      Fail(e.what_without_backtrace(), what);
+    } catch (const std::exception& e) {
+      Fail(e.what(), what);
+    }
   }
-  void Broadcast(torch::Tensor& t) {
+  void AllReduceSum(torch::Tensor& t, const std::string& what) {
+    std::vector<torch::Tensor> v{t};
+    Wait(pg_->allreduce(v), what);
+  }
+  void Broadcast(torch::Tensor& t, const std::string& what) {
     std::vector<torch::Tensor> v{t};
     c10d::BroadcastOptions o;
     o.rootRank = 0;
-    pg_->broadcast(v, o)->wait(timeout_);
+    Wait(pg_->broadcast(v, o), what);
   }
   // Broadcasts tensors from rank 0, flattened per dtype (one collective each).
-  void BroadcastCoalesced(const std::vector<torch::Tensor>& ts) {
+  void BroadcastCoalesced(const std::vector<torch::Tensor>& ts, const std::string& what) {
     std::map<int, std::vector<torch::Tensor>> by_type;
     for (const auto& t : ts) by_type[static_cast<int>(t.scalar_type())].push_back(t);
     for (auto& [type, group] : by_type) {
       std::vector<torch::Tensor> flat;
       for (auto& t : group) flat.push_back(t.detach().reshape({-1}));
       torch::Tensor all = torch::cat(flat);
-      Broadcast(all);
+      Broadcast(all, what);
       int64_t off = 0;
       for (auto& t : group) {
         torch::NoGradGuard ng;
@@ -351,11 +574,28 @@ class Comm {
     }
   }
   int world() const { return world_; }
+  c10d::ProcessGroup& pg() { return *pg_; }
 
  private:
+  [[noreturn]] void Fail(std::string cause, const std::string& what) {
+    const size_t nl = cause.find('\n');
+    if (nl != std::string::npos) cause.erase(nl);
+    const bool timeout = cause.find("imed out") != std::string::npos ||
+                         cause.find("imeout") != std::string::npos;
+    if (timeout) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", std::chrono::duration<double>(timeout_).count());
+      throw RankError("waited " + std::string(secs) + " s (--timeout) in a collective (" + what +
+                      ") for a peer that did not come: " +
+                      (hb_ ? hb_->Peers() : std::string("no heartbeats to tell which")) + " [" + cause + "]");
+    }
+    throw RankError("lost a peer in a collective (" + what + "): " + cause);
+  }
+
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int world_;
   std::chrono::milliseconds timeout_;
+  const Heartbeat* hb_;
 };
 
 // Gradient averaging in buckets of about 25 MB (reverse parameter order, as
@@ -379,7 +619,7 @@ class GradReducer {
   }
   size_t buckets() const { return buckets_.size(); }
 
-  void Reduce(Comm& comm, c10d::ProcessGroup& pg, std::chrono::milliseconds timeout) {
+  void Reduce(Comm& comm, const std::string& what) {
     if (comm.world() == 1) return;
     std::vector<torch::Tensor> flats;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -391,10 +631,10 @@ class GradReducer {
       }
       flats.push_back(torch::cat(parts));
       std::vector<torch::Tensor> v{flats.back()};
-      works.push_back(pg.allreduce(v));
+      works.push_back(comm.pg().allreduce(v));
     }
     for (size_t i = 0; i < works.size(); ++i) {
-      works[i]->wait(timeout);
+      comm.Wait(works[i], what);
       flats[i].div_(comm.world());
       int64_t off = 0;
       for (auto& p : buckets_[i]) {
@@ -441,7 +681,7 @@ std::vector<RankTiming> Gather(Comm& comm, int rank, const Window& w, uint64_t r
                                w.steps() ? w.loss_sum / static_cast<double>(w.steps()) : 0,
                                static_cast<double>(w.steps()), static_cast<double>(ran_on)};
   for (int k = 0; k < kFields; ++k) t[rank][k] = row[k];
-  comm.AllReduceSum(t);
+  comm.AllReduceSum(t, "the gathering of the timing report");
   auto a = t.accessor<double, 2>();
   std::vector<RankTiming> out;
   for (int r = 0; r < comm.world(); ++r) {
@@ -480,6 +720,9 @@ uint64_t ParamHash(Net& model) {
 
 struct Checkpoint {
   int64_t epoch = 0, batch = 0, step = 0, seed = 0, world = 0, batch_size = 0;
+  // What it fits: the model and the data set it was trained on.
+  std::string model;
+  int64_t classes = 0, train_samples = 0;
 };
 
 void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& c) {
@@ -494,18 +737,82 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
   a.write("seed", torch::tensor(c.seed));
   a.write("world", torch::tensor(c.world));
   a.write("batch_size", torch::tensor(c.batch_size));
+  a.write("model_name", c10::IValue(c.model));
+  a.write("num_classes", torch::tensor(c.classes));
+  a.write("train_samples", torch::tensor(c.train_samples));
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  a.save_to(tmp);
+  TempFileGuard guard(tmp);
+  try {
+    a.save_to(tmp);
+  } catch (const c10::Error& e) {
+    std::remove(tmp.c_str());
+    throw RankError("cannot write the checkpoint " + tmp + " (disk full?): " + e.what_without_backtrace());
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     throw RankError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
   }
 }
 
-Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt) {
+std::string ShapeText(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// Loads a checkpoint after checking it fits `expect` (model, classes, data
+// set size, ranks and batch size: the sample order and the tensors' shapes
+// depend on them); every tensor's shape is checked after the load too.
+Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& expect) {
   torch::serialize::InputArchive a, m, o;
+  Checkpoint c;
+  auto get = [&](const char* k) {
+    torch::Tensor t;
+    if (!a.try_read(k, t) || t.numel() != 1) {
+      throw RankError("cannot resume from " + path + ": it has no " + k +
+                      " (not a checkpoint of this trainer, or one from an older version)");
+    }
+    return t.item<int64_t>();
+  };
   try {
     a.load_from(path);
+    c.epoch = get("epoch");
+    c.batch = get("batch");
+    c.step = get("step");
+    c.seed = get("seed");
+    c.world = get("world");
+    c.batch_size = get("batch_size");
+    c.classes = get("num_classes");
+    c.train_samples = get("train_samples");
+    c10::IValue name;
+    if (!a.try_read("model_name", name) || !name.isString()) {
+      throw RankError("cannot resume from " + path + ": it has no model name (not a checkpoint of this "
+                      "trainer, or one from an older version)");
+    }
+    c.model = name.toStringRef();
+  } catch (const c10::Error& e) {
+    throw RankError("cannot resume from " + path + ": " + e.what_without_backtrace());
+  }
+  const std::string from = "the checkpoint " + path + " was written for ";
+  if (c.model != expect.model) {
+    throw RankError(from + "--model " + c.model + "; this run has --model " + expect.model);
+  }
+  if (c.classes != expect.classes || c.train_samples != expect.train_samples) {
+    throw RankError(from + "a data set of " + std::to_string(c.classes) + " classes and " +
+                    std::to_string(c.train_samples) + " training samples; --data has " +
+                    std::to_string(expect.classes) + " and " + std::to_string(expect.train_samples) +
+                    " (resume on the data set it was trained on)");
+  }
+  if (c.world != expect.world || c.batch_size != expect.batch_size) {
+    throw RankError(from + std::to_string(c.world) + " ranks of batch " + std::to_string(c.batch_size) +
+                    "; this run has " + std::to_string(expect.world) + " of " +
+                    std::to_string(expect.batch_size) +
+                    " (the sample order would differ): resume with the same ranks and batch size");
+  }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& p : model.named_parameters()) shapes.push_back({p.key(), p.value().sizes().vec()});
+  for (const auto& b : model.named_buffers()) shapes.push_back({b.key(), b.value().sizes().vec()});
+  try {
     a.read("model", m);
     model.load(m);
     a.read("optimizer", o);
@@ -513,18 +820,16 @@ Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD
   } catch (const c10::Error& e) {
     throw RankError("cannot resume from " + path + ": " + e.what_without_backtrace());
   }
-  Checkpoint c;
-  auto get = [&](const char* k) {
-    torch::Tensor t;
-    a.read(k, t);
-    return t.item<int64_t>();
+  size_t i = 0;
+  auto check = [&](const std::string& key, const torch::Tensor& t) {
+    if (i < shapes.size() && shapes[i].first == key && t.sizes().vec() != shapes[i].second) {
+      throw RankError("cannot resume from " + path + ": its " + key + " is " + ShapeText(t) +
+                      ", which does not fit this model");
+    }
+    ++i;
   };
-  c.epoch = get("epoch");
-  c.batch = get("batch");
-  c.step = get("step");
-  c.seed = get("seed");
-  c.world = get("world");
-  c.batch_size = get("batch_size");
+  for (const auto& p : model.named_parameters()) check(p.key(), p.value());
+  for (const auto& b : model.named_buffers()) check(b.key(), b.value());
   return c;
 }
 
@@ -574,6 +879,7 @@ class Rank {
   void Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, int* straggler);
   std::pair<double, double> Evaluate();
   void WriteMetrics(const std::string& lines);
+  void RemoveStaleTemporaries() const;
 
   Options o_;
   Placement p_;
@@ -592,19 +898,36 @@ class Rank {
   std::shared_ptr<Net> model_;
   std::FILE* metrics_ = nullptr;
   uint64_t bpe_ = 0;
+  cpu_set_t process_cpus_;  // before the rank bound itself: where its loader service may plan
+  bool have_process_cpus_ = false;
+  OutputLock lock_;  // rank 0 outside our launcher (which holds it otherwise)
+  StoreAddress store_address_;
+  std::unique_ptr<Heartbeat> hb_;
+  Checkpoint Describe(int64_t epoch, int64_t batch, int64_t step) const {
+    Checkpoint c;
+    c.epoch = epoch;
+    c.batch = batch;
+    c.step = step;
+    c.seed = static_cast<int64_t>(o_.seed);
+    c.world = p_.world;
+    c.batch_size = o_.batch_size;
+    c.model = o_.model;
+    c.classes = static_cast<int64_t>(manifest_.classes.size());
+    c.train_samples = static_cast<int64_t>(train_samples_);
+    return c;
+  }
+  void SetPhase(Phase ph, int64_t step) {
+    if (hb_) hb_->Set(ph, step);
+  }
+  void Save(const Checkpoint& c) {
+    SetPhase(Phase::kCheckpoint, c.step);
+    SaveCheckpoint(o_.out + "/checkpoint.pt", *model_, *opt_, c);
+  }
+  torch::optim::SGD* opt_ = nullptr;
 };
 
 void Rank::Plan() {
-  JobPlanRequest rq;
-  rq.nproc = p_.local_world;
-  rq.gpus = o_.gpus;
-  rq.numa_node = o_.numa_node;
-  rq.cpu_affinity = o_.cpu_affinity;
-  rq.trainer_cores = o_.trainer_cores;
-  rq.allow_shared_cores = o_.allow_shared_cores;
-  rq.ignore_gpus = o_.ignore_gpus;
-  rq.no_bind = o_.no_bind;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) rq.cuda_visible_devices = v;
+  JobPlanRequest rq = PlanRequest(o_, p_.local_world);
   job_ = Take(MakeJobPlan(rq), "cannot plan the binding");
   if (p_.local_rank >= static_cast<int>(job_.plan.ranks.size())) {
     throw RankError("the plan has " + std::to_string(job_.plan.ranks.size()) +
@@ -638,6 +961,7 @@ void Rank::Plan() {
     o_.numa_node = nodes;
     o_.allow_shared_cores = true;
   }
+  have_process_cpus_ = sched_getaffinity(0, sizeof process_cpus_, &process_cpus_) == 0;
   if (job_.plan.binds && !mine_.trainer_cpus.empty()) {
     const BindReport r = BindThisThread(job_.topology, mine_.trainer_cpus, mine_.mem_node);
     (void)r;
@@ -723,10 +1047,25 @@ void Rank::StartLoader(uint64_t start_epoch, uint64_t start_batch) {
     a.push_back("--simulate-delay-ms");
     a.push_back(std::to_string(o_.delay_ms));
   }
-  source_ = std::make_unique<ServiceSource>(a, p_.job_id, p_.rank, o_.timeout_s, g_, 120.0);
+  source_ = std::make_unique<ServiceSource>(a, p_.job_id, p_.rank, o_.timeout_s, g_, 120.0,
+                                            have_process_cpus_ ? &process_cpus_ : nullptr);
 }
 
 void Rank::Rendezvous() {
+  const std::string where = p_.master_addr + ":" + std::to_string(p_.master_port);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", o_.timeout_s);
+  // A name that does not resolve fails now, not after --timeout of retries.
+  {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = getaddrinfo(p_.master_addr.c_str(), nullptr, &hints, &res);
+    if (rc != 0) {
+      throw RankError("cannot resolve MASTER_ADDR " + p_.master_addr + " (--master-addr): " + gai_strerror(rc));
+    }
+    freeaddrinfo(res);
+  }
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(p_.master_port);
   so.isServer = p_.rank == 0 && !p_.agent_store;
@@ -741,15 +1080,81 @@ void Rank::Rendezvous() {
                                       std::to_string(p_.master_port) +
                                       " (another job may be using it: pick another --master-port): " +
                                       e.what()
-                                : "cannot reach the rendezvous store at " + p_.master_addr + ":" +
-                                      std::to_string(p_.master_port) + ": " + e.what());
+                                : "cannot reach the rendezvous store at " + where + " within " + secs +
+                                      " s (rank 0 hosts it: is it running, with this MASTER_ADDR and "
+                                      "MASTER_PORT?): " + e.what());
   }
-  store_ = c10::make_intrusive<c10d::PrefixStore>("nl_trainer", tcp);
+  // torchrun's agent store outlives a restart of the workers: each attempt its own keys.
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  store_address_ = {p_.master_addr, std::string("nl_trainer") + (restart && *restart ? std::string("/") + restart : ""),
+                    p_.master_port};
+  store_ = c10::make_intrusive<c10d::PrefixStore>(store_address_.prefix, tcp);
+
+  // Everyone joins: one process per rank, all of one WORLD_SIZE, all there.
+  const std::string me = std::to_string(p_.rank);
+  if (store_->add("join/" + me, 1) > 1) {
+    throw RankError("rank " + me + " joined the rendezvous at " + where +
+                    " twice: two processes were started with RANK=" + me + " (each needs its own)");
+  }
+  {
+    const std::string w = std::to_string(p_.world);
+    store_->set("world/" + me, std::vector<uint8_t>(w.begin(), w.end()));
+  }
+  auto world_of = [&](int r) {
+    const std::vector<uint8_t> v = store_->get("world/" + std::to_string(r));
+    return std::string(v.begin(), v.end());
+  };
+  auto wait_for = [&](const std::vector<int>& ranks) {
+    std::vector<std::string> keys;
+    for (int r : ranks) keys.push_back("join/" + std::to_string(r));
+    try {
+      store_->wait(keys, timeout_);
+    } catch (const std::exception& e) {
+      std::vector<int> missing;
+      for (int r : ranks) {
+        try {
+          if (!store_->check({"join/" + std::to_string(r)})) missing.push_back(r);
+        } catch (const std::exception&) {
+          throw RankError("lost the rendezvous store at " + where + " (rank 0 hosts it: it is gone)");
+        }
+      }
+      std::string list;
+      for (size_t i = 0; i < missing.size(); ++i) {
+        list += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
+      }
+      throw RankError("waited " + std::string(secs) + " s at the rendezvous " + where + " for rank" +
+                      (missing.size() > 1 ? "s " : " ") + list + " of " + std::to_string(p_.world) +
+                      ": are they started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
+    }
+  };
+  if (p_.rank != 0) {
+    wait_for({0});
+    const std::string w0 = world_of(0);
+    if (w0 != std::to_string(p_.world)) {
+      throw RankError("this rank has WORLD_SIZE=" + std::to_string(p_.world) + " but rank 0 has WORLD_SIZE=" +
+                      w0 + ": start every rank of a job with the same WORLD_SIZE");
+    }
+  }
+  std::vector<int> all;
+  for (int r = 0; r < p_.world; ++r) all.push_back(r);
+  wait_for(all);
+  if (p_.rank == 0) {
+    for (int r = 1; r < p_.world; ++r) {
+      const std::string w = world_of(r);
+      if (w != std::to_string(p_.world)) {
+        throw RankError("rank " + std::to_string(r) + " has WORLD_SIZE=" + w + " but this rank (0) has " +
+                        std::to_string(p_.world) + ": start every rank of a job with the same WORLD_SIZE");
+      }
+    }
+  }
+  hb_ = std::make_unique<Heartbeat>(store_address_, p_.rank, p_.world);
+
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store_);
 #if NL_TRAINER_CUDA
   if (g_.device.is_cuda()) {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout_;
-    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, p_.rank, p_.world, opts);
+    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, p_.rank, p_.world, opts);
   } else
 #endif
   {
@@ -763,9 +1168,29 @@ void Rank::Rendezvous() {
     } else {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
-    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, p_.rank, p_.world, opts);
+    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, p_.rank, p_.world, opts);
   }
-  comm_ = std::make_unique<Comm>(pg_, p_.world, timeout_);
+  comm_ = std::make_unique<Comm>(pg_, p_.world, timeout_, hb_.get());
+}
+
+// Temporaries a killed job left in --out (kill -9 mid-save): with the
+// outputs locked, none can belong to a running job.
+void Rank::RemoveStaleTemporaries() const {
+  if (o_.out.empty()) return;
+  DIR* d = opendir(o_.out.c_str());
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at + 5 >= name.size()) continue;
+    if (name.find_first_not_of("0123456789", at + 5) != std::string::npos) continue;
+    const std::string base = name.substr(0, at);
+    if (base == "checkpoint.pt" || (base.rfind("timing-epoch-", 0) == 0 && base.size() > 4 &&
+                                    base.compare(base.size() - 4, 4, ".svg") == 0)) {
+      if (unlinkat(dirfd(d), name.c_str(), 0) == 0) Log("removed " + o_.out + "/" + name + ", left by a job that was killed");
+    }
+  }
+  closedir(d);
 }
 
 void Rank::WriteMetrics(const std::string& lines) {
@@ -850,7 +1275,7 @@ std::pair<double, double> Rank::Evaluate() {
   }
   model_->train();
   torch::Tensor t = torch::tensor({top1, top5, count}, torch::kFloat64);
-  comm_->AllReduceSum(t);
+  comm_->AllReduceSum(t, "the evaluation's reduce");
   const double total = t[2].item<double>();
   return {total > 0 ? t[0].item<double>() / total : 0, total > 0 ? t[1].item<double>() / total : 0};
 }
@@ -858,35 +1283,18 @@ std::pair<double, double> Rank::Evaluate() {
 int Rank::Run() {
   timeout_ = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000));
   manifest_ = Take(LoadManifest(o_.data), "cannot read the shard set");
+  Check(CheckData(o_, manifest_), "cannot train on " + o_.data);
   const SplitInfo* train = manifest_.FindSplit("train");
-  if (!train) throw RankError(o_.data + " has no train split");
   train_samples_ = train->num_samples;
   const int64_t classes = static_cast<int64_t>(manifest_.classes.size());
-  if (classes < 2) throw RankError(o_.data + " has " + std::to_string(classes) + " class(es)");
 
   // Rank 0's outputs first: a path it cannot write fails the job before any
   // rank starts its loader or waits in the rendezvous.
   if (p_.rank == 0) {
-    if (!o_.out.empty()) {
-      struct stat st {};
-      if (mkdir(o_.out.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw RankError("cannot make --out " + o_.out + ": " + std::strerror(errno));
-      }
-      if (stat(o_.out.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(o_.out.c_str(), W_OK) != 0) {
-        throw RankError("--out " + o_.out + " is not a writable directory");
-      }
-    }
-    if (!o_.params_out.empty()) {  // written at the end: fail now, not after the run
-      const std::string dir = DirOf(o_.params_out);
-      struct stat st {};
-      if (stat(o_.params_out.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-        throw RankError("--params-out " + o_.params_out + " is a directory");
-      }
-      if (access(dir.c_str(), W_OK) != 0) {
-        throw RankError("--params-out " + o_.params_out + ": cannot write in " + dir + ": " +
-                        std::strerror(errno));
-      }
-    }
+    Check(CheckOutputs(o_), "cannot write the outputs");
+    // Our launcher holds the lock for the job; under torchrun rank 0 does.
+    if (!p_.launched_by_us) lock_ = Take(LockOutputs(o_), "cannot lock the outputs");
+    RemoveStaleTemporaries();
     if (!o_.metrics_out.empty()) {
       metrics_ = std::fopen(o_.metrics_out.c_str(), o_.resume.empty() ? "w" : "a");
       if (!metrics_) throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
@@ -895,13 +1303,7 @@ int Rank::Run() {
   Plan();
   g_.model_size = o_.image_size;
   g_.ring_size = o_.image_size;
-  if (o_.resize_on == "device") {
-    if (!train->shape || (*train->shape)[0] != (*train->shape)[1]) {
-      throw RankError("--resize-on device needs a train split of one square image shape (CIFAR's "
-                      "32x32); " + o_.data + " has none");
-    }
-    g_.ring_size = static_cast<int>((*train->shape)[0]);
-  }
+  if (o_.resize_on == "device") g_.ring_size = static_cast<int>((*train->shape)[0]);
   bool cuda = false;
 #if NL_TRAINER_CUDA
   cuda = o_.device != "cpu" && torch::cuda::is_available() && mine_.gpu >= 0;
@@ -922,19 +1324,19 @@ int Rank::Run() {
   torch::optim::SGD opt(model_->parameters(), torch::optim::SGDOptions(o_.lr)
                                                   .momentum(o_.momentum)
                                                   .weight_decay(o_.weight_decay));
+  opt_ = &opt;
   Checkpoint at;
   if (!o_.resume.empty()) {
-    at = LoadCheckpoint(o_.resume, *model_, opt);
-    if (at.world != p_.world || at.batch_size != static_cast<int64_t>(o_.batch_size)) {
-      throw RankError("the checkpoint " + o_.resume + " was written by " + std::to_string(at.world) +
-                      " ranks of batch " + std::to_string(at.batch_size) + "; this run has " +
-                      std::to_string(p_.world) + " of " + std::to_string(o_.batch_size) +
-                      " (the sample order would differ): resume with the same ranks and batch size");
-    }
+    at = LoadCheckpoint(o_.resume, *model_, opt, Describe(0, 0, 0));
     if (at.epoch >= o_.epochs) {
       throw RankError("the checkpoint " + o_.resume + " is at epoch " + std::to_string(at.epoch) +
                       ", batch " + std::to_string(at.batch) + ": --epochs " + std::to_string(o_.epochs) +
                       " leaves nothing to train (give more epochs)");
+    }
+    if (o_.max_steps > 0 && o_.max_steps <= at.step) {
+      throw RankError("the checkpoint " + o_.resume + " is at step " + std::to_string(at.step) +
+                      ": --max-steps " + std::to_string(o_.max_steps) +
+                      " leaves nothing to train (it counts from the start of the run: give more)");
     }
     if (static_cast<uint64_t>(at.seed) != o_.seed) {
       if (p_.rank == 0) Log("resuming with the checkpoint's seed " + std::to_string(at.seed));
@@ -951,7 +1353,7 @@ int Rank::Run() {
     std::vector<torch::Tensor> state;
     for (auto& p : model_->parameters()) state.push_back(p);
     for (auto& b : model_->buffers()) state.push_back(b);
-    comm_->BroadcastCoalesced(state);
+    comm_->BroadcastCoalesced(state, "the broadcast of rank 0's initial parameters");
   }
   std::vector<torch::Tensor> params = model_->parameters();
   std::vector<torch::Tensor> buffers = model_->buffers();
@@ -1026,7 +1428,9 @@ int Rank::Run() {
       }
       const auto t0 = Clock::now();
       double data_ms = 0;
+      SetPhase(Phase::kData, step + 1);
       Batch batch = source_->Next(&data_ms);
+      SetPhase(Phase::kCompute, step + 1);
       if (static_cast<int64_t>(batch.epoch) != epoch || static_cast<int64_t>(batch.batch) != b) {
         throw RankError("the loader delivered epoch " + std::to_string(batch.epoch) + " batch " +
                         std::to_string(batch.batch) + " where epoch " + std::to_string(epoch) +
@@ -1046,8 +1450,12 @@ int Rank::Run() {
       if (cuda) torch::cuda::synchronize();
 #endif
       const auto t2 = Clock::now();
-      reducer.Reduce(*comm_, *pg_, timeout_);
-      if (!buffers.empty() && p_.world > 1) comm_->BroadcastCoalesced(buffers);
+      SetPhase(Phase::kComm, step + 1);
+      reducer.Reduce(*comm_, "the gradient all-reduce of step " + std::to_string(step + 1));
+      if (!buffers.empty() && p_.world > 1) {
+        comm_->BroadcastCoalesced(buffers, "the buffer broadcast of step " + std::to_string(step + 1));
+      }
+      SetPhase(Phase::kCompute, step + 1);
 #if NL_TRAINER_CUDA
       if (cuda) torch::cuda::synchronize();
 #endif
@@ -1060,7 +1468,7 @@ int Rank::Run() {
       if (o_.check_sync && p_.world > 1) {
         torch::Tensor h = torch::zeros({p_.world}, torch::kInt64);
         h[p_.rank] = static_cast<int64_t>(ParamHash(*model_));
-        comm_->AllReduceSum(h);
+        comm_->AllReduceSum(h, "the parameter check of step " + std::to_string(step));
         for (int r = 1; r < p_.world; ++r) {
           if (h[r].item<int64_t>() != h[0].item<int64_t>()) {
             throw RankError("parameters differ between rank 0 and rank " + std::to_string(r) +
@@ -1082,19 +1490,20 @@ int Rank::Run() {
         report.Clear();
       }
       if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.rank == 0 && !o_.out.empty()) {
-        Checkpoint c{epoch, b + 1, step, static_cast<int64_t>(o_.seed), p_.world, o_.batch_size};
-        if (c.batch == static_cast<int64_t>(bpe_)) c = {epoch + 1, 0, step, c.seed, c.world, c.batch_size};
-        SaveCheckpoint(o_.out + "/checkpoint.pt", *model_, opt, c);
+        Save(b + 1 == static_cast<int64_t>(bpe_) ? Describe(epoch + 1, 0, step) : Describe(epoch, b + 1, step));
+        SetPhase(Phase::kCompute, step);
       }
     }
     if (bar) bar->Finish(loss_n ? loss_sum / static_cast<double>(loss_n) : 0);
     const double epoch_s = std::chrono::duration<double>(Clock::now() - epoch_start).count();
     int straggler = -1;
     Report(epoch, step, whole, true, &straggler);
+    SetPhase(Phase::kEval, step);
     const auto [top1, top5] = Evaluate();
+    SetPhase(Phase::kComm, step);
     torch::Tensor agg = torch::tensor({loss_sum, static_cast<double>(loss_n), static_cast<double>(images)},
                                       torch::kFloat64);
-    comm_->AllReduceSum(agg);
+    comm_->AllReduceSum(agg, "the epoch's loss reduce");
     if (p_.rank == 0) {
       EpochRecord e;
       e.epoch = epoch;
@@ -1120,10 +1529,7 @@ int Rank::Run() {
       }
       Say(line);
       if (!o_.out.empty()) {
-        Checkpoint c{b == static_cast<int64_t>(bpe_) ? epoch + 1 : epoch,
-                     b == static_cast<int64_t>(bpe_) ? 0 : b, step, static_cast<int64_t>(o_.seed),
-                     p_.world, o_.batch_size};
-        SaveCheckpoint(o_.out + "/checkpoint.pt", *model_, opt, c);
+        Save(b == static_cast<int64_t>(bpe_) ? Describe(epoch + 1, 0, step) : Describe(epoch, b, step));
       }
     }
   }
@@ -1142,7 +1548,9 @@ int Rank::Run() {
   // would otherwise see its peer vanish).
   const double loader_cpu_s = source_->Finish();
   torch::Tensor done = torch::tensor({loader_cpu_s, static_cast<double>(images_all)}, torch::kFloat64);
-  comm_->AllReduceSum(done);
+  SetPhase(Phase::kComm, step);
+  comm_->AllReduceSum(done, "the final reduce");
+  SetPhase(Phase::kDone, step);
   source_.reset();
   if (p_.rank == 0 && done[1].item<double>() > 0) {
     char line[256];
@@ -1161,6 +1569,7 @@ int Rank::Run() {
 }  // namespace
 
 int RunRank(const Options& options, const Placement& placement) {
+  InstallSignalHandlers();
   try {
     Rank r(options, placement);
     return r.Run();

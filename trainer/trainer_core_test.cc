@@ -1,10 +1,17 @@
 // The trainer's reasoning without LibTorch: the straggler rule and its
-// causes, the table, the metrics lines, the chart and the progress line.
+// causes, the table, the metrics lines, the chart, the progress line, and the
+// checks of the data and outputs before a job starts (with their locks).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "trainer/diagnostics.h"
+#include "trainer/preflight.h"
 #include "trainer/progress.h"
 
 namespace nl::trainer {
@@ -153,6 +160,116 @@ TEST(Progress, TheIncidentsFormat) {
             "Train Epoch 11:  66%|######6   | 117/176 [00:16<00:08, 7.31it/s, loss=2.2641]");
   EXPECT_EQ(ProgressLine("E", 10, 10, 2.0, 1.0), "E: 100%|##########| 10/10 [00:02<00:00, 5.00it/s, loss=1.0000]");
   EXPECT_EQ(ProgressLine("E", 0, 10, 0.0, 0.0), "E:   0%|          | 0/10 [00:00<??:??, 0.00it/s, loss=0.0000]");
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/nl_preflight_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? d : "/tmp";
+}
+
+TEST(Preflight, OutputsThatAreOneFileOrInsideTheDataAreRefused) {
+  const std::string dir = TempDir();
+  ASSERT_EQ(mkdir((dir + "/data").c_str(), 0700), 0);
+  Options o;
+  o.data = dir + "/data";
+  o.out = dir + "/out";
+  o.metrics_out = dir + "/m.jsonl";
+  o.params_out = dir + "/p.bin";
+  EXPECT_TRUE(CheckOutputs(o).ok()) << CheckOutputs(o).ToString();
+  struct stat st {};
+  ASSERT_EQ(stat(o.out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << "--out is the user's only";
+
+  o.metrics_out = dir + "/out/../out/checkpoint.pt";  // the checkpoint, spelled otherwise
+  Status s = CheckOutputs(o);
+  EXPECT_NE(s.ToString().find("is the same file as --out's checkpoint"), std::string::npos) << s.ToString();
+  o.metrics_out = dir + "/m.jsonl";
+  o.params_out = dir + "/./m.jsonl";
+  s = CheckOutputs(o);
+  EXPECT_NE(s.ToString().find("--params-out " + dir + "/./m.jsonl is the same file as --metrics-out"),
+            std::string::npos)
+      << s.ToString();
+  o.params_out = dir + "/data/manifest.json";
+  s = CheckOutputs(o);
+  EXPECT_NE(s.ToString().find("lies inside the shard set"), std::string::npos) << s.ToString();
+  o.params_out = "";
+  o.out = dir + "/data/ck";
+  s = CheckOutputs(o);
+  EXPECT_NE(s.ToString().find("lies inside the shard set"), std::string::npos) << s.ToString();
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(Preflight, ASecondJobOnTheSameOutputsIsRefusedNamingTheFirst) {
+  const std::string dir = TempDir();
+  Options o;
+  o.data = dir + "/no-data";
+  o.out = dir + "/out";
+  o.metrics_out = dir + "/m.jsonl";
+  ASSERT_TRUE(CheckOutputs(o).ok());
+  Result<OutputLock> held = LockOutputs(o);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // Record locks are per process: the second job is another process.
+  auto second = [](const Options& x) {
+    int p[2];
+    if (pipe(p) != 0) return std::string("pipe");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(p[0]);
+      Result<OutputLock> l = LockOutputs(x);
+      const std::string m = l.ok() ? "locked" : l.status().ToString();
+      (void)!write(p[1], m.data(), m.size());
+      _exit(0);
+    }
+    close(p[1]);
+    std::string m;
+    char buf[512];
+    ssize_t n;
+    while ((n = read(p[0], buf, sizeof buf)) > 0) m.append(buf, static_cast<size_t>(n));
+    close(p[0]);
+    waitpid(pid, nullptr, 0);
+    return m;
+  };
+  const std::string me = "(pid " + std::to_string(getpid());
+  std::string m = second(o);
+  EXPECT_NE(m.find("--out " + dir + "/out is in use by another trainer job " + me), std::string::npos) << m;
+  Options only_metrics;
+  only_metrics.metrics_out = dir + "/./m.jsonl";
+  m = second(only_metrics);
+  EXPECT_NE(m.find("--metrics-out " + dir + "/./m.jsonl is in use by another trainer job " + me),
+            std::string::npos)
+      << m;
+  *held = OutputLock();  // released: the next job may start
+  EXPECT_EQ(second(o), "locked");
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(Preflight, TheDataMustHaveTheSplitsAndShapeAsked) {
+  Manifest m;
+  m.classes = {"a", "b"};
+  SplitInfo train;
+  train.num_samples = 10;
+  train.shape = std::array<uint32_t, 3>{32, 32, 3};
+  m.splits["train"] = train;
+  m.splits["test"] = train;
+  Options o;
+  o.data = "D";
+  EXPECT_TRUE(CheckData(o, m).ok());
+  o.eval_split = "tset";
+  EXPECT_EQ(CheckData(o, m).message(),
+            "--eval-split tset: D has no such split (it has test, train; --eval-split none trains without "
+            "evaluation)");
+  o.eval_split = "none";
+  EXPECT_TRUE(CheckData(o, m).ok());
+  o.resize_on = "device";
+  EXPECT_TRUE(CheckData(o, m).ok());
+  m.splits["train"].shape = std::nullopt;
+  EXPECT_NE(CheckData(o, m).message().find("--resize-on device needs"), std::string::npos);
+  m.classes = {"a"};
+  EXPECT_NE(CheckData(o, m).message().find("at least 2"), std::string::npos);
+  m.splits.erase("train");
+  EXPECT_EQ(CheckData(o, m).message(), "D has no train split");
 }
 
 }  // namespace

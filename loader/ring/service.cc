@@ -346,6 +346,10 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
       }
       full_since = {};
       warned = false;
+      const uint64_t pos = run_batch + delivered;
+      // Before the simulated delay: a consumer that gives up waiting learns
+      // which batch was in the making (not a stale "waiting for a consumer").
+      producer->SetActivity(ring::Activity::kFilling, run_epoch + pos / bpe, pos % bpe);
       if (cfg.delay_per_batch_ms > 0) {  // a deliberately slow loader (--simulate-delay-ms)
         const auto until = Clock::now() + std::chrono::duration<double, std::milli>(
                                               cfg.delay_per_batch_ms);
@@ -354,8 +358,6 @@ Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
         }
         if (stop.load()) continue;
       }
-      const uint64_t pos = run_batch + delivered;
-      producer->SetActivity(ring::Activity::kFilling, run_epoch + pos / bpe, pos % bpe);
       Result<BatchView> view = pipeline->Next();
       if (!view.ok()) {
         if (view.status().code() == StatusCode::kOutOfRange) {

@@ -1,0 +1,193 @@
+#include "trainer/preflight.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+namespace nl::trainer {
+namespace {
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string BaseOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  return realpath(path.c_str(), buf) ? std::string(buf) : std::string();
+}
+
+// "pid 123: trainer --data d ..." (the command line, cut short).
+std::string DescribeProcess(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (char& c : s) {
+    if (c == '\0') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  if (s.size() > 160) s = s.substr(0, 157) + "...";
+  return "pid " + std::to_string(pid) + (s.empty() ? "" : ": " + s);
+}
+
+// A writable file at `path` (not a directory) in a writable directory.
+Status CheckWritableFile(const std::string& flag, const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(flag + " " + path + " is a directory");
+  }
+  const std::string dir = DirOf(path);
+  if (access(dir.c_str(), W_OK) != 0) {
+    return Status::InvalidArgument(flag + " " + path + ": cannot write in " + dir + ": " +
+                                   std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// `what` names the output for the user ("--out DIR"); `path` is the file locked.
+Status LockOne(const std::string& path, const std::string& what, OutputLock* lock) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno("cannot open " + path + " to lock " + what, errno);
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (fcntl(fd, F_SETLK, &fl) == 0) {
+    lock->Add(fd);
+    return Status::Ok();
+  }
+  const int err = errno;
+  struct flock q {};
+  q.l_type = F_WRLCK;
+  q.l_whence = SEEK_SET;
+  const bool known = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0;
+  close(fd);
+  if (err == EACCES || err == EAGAIN) {
+    return Status::FailedPrecondition(
+        what + " is in use by another trainer job (" +
+        (known ? DescribeProcess(q.l_pid) : std::string("its process is not known")) +
+        "): two jobs would overwrite each other's files; wait for it to end or choose another");
+  }
+  return Status::FromErrno("cannot lock " + path + " for " + what, err);
+}
+
+}  // namespace
+
+JobPlanRequest PlanRequest(const Options& o, int local_world) {
+  JobPlanRequest rq;
+  rq.nproc = local_world;
+  rq.gpus = o.gpus;
+  rq.numa_node = o.numa_node;
+  rq.cpu_affinity = o.cpu_affinity;
+  rq.trainer_cores = o.trainer_cores;
+  rq.allow_shared_cores = o.allow_shared_cores;
+  rq.ignore_gpus = o.ignore_gpus;
+  rq.no_bind = o.no_bind;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) rq.cuda_visible_devices = v;
+  return rq;
+}
+
+Status CheckData(const Options& o, const Manifest& m) {
+  const SplitInfo* train = m.FindSplit("train");
+  if (!train) return Status::InvalidArgument(o.data + " has no train split");
+  if (m.classes.size() < 2) {
+    return Status::InvalidArgument(o.data + " has " + std::to_string(m.classes.size()) +
+                                   " class(es); classification needs at least 2");
+  }
+  if (o.eval_split != "none" && !m.FindSplit(o.eval_split)) {
+    std::string have;
+    for (const auto& [name, split] : m.splits) have += (have.empty() ? "" : ", ") + name;
+    return Status::InvalidArgument("--eval-split " + o.eval_split + ": " + o.data +
+                                   " has no such split (it has " + have +
+                                   "; --eval-split none trains without evaluation)");
+  }
+  if (o.resize_on == "device" && (!train->shape || (*train->shape)[0] != (*train->shape)[1])) {
+    return Status::InvalidArgument(
+        "--resize-on device needs a train split of one square image shape (CIFAR's 32x32); " +
+        o.data + " has none");
+  }
+  return Status::Ok();
+}
+
+std::string CanonicalTarget(const std::string& path) {
+  const std::string dir = RealPath(DirOf(path));
+  if (dir.empty()) return "";
+  return (dir == "/" ? "" : dir) + "/" + BaseOf(path);
+}
+
+Status CheckOutputs(const Options& o) {
+  if (!o.out.empty()) {
+    struct stat st {};
+    if (mkdir(o.out.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Status::FromErrno("cannot make --out " + o.out, errno);
+    }
+    if (stat(o.out.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(o.out.c_str(), W_OK) != 0) {
+      return Status::InvalidArgument("--out " + o.out + " is not a writable directory");
+    }
+  }
+  if (!o.params_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--params-out", o.params_out));
+  if (!o.metrics_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--metrics-out", o.metrics_out));
+
+  // No output is another, and none is written into the data set.
+  std::vector<std::pair<std::string, std::string>> outs;  // (what, canonical path)
+  if (!o.out.empty()) {
+    outs.push_back({"--out's checkpoint " + o.out + "/checkpoint.pt", CanonicalTarget(o.out + "/checkpoint.pt")});
+  }
+  if (!o.metrics_out.empty()) outs.push_back({"--metrics-out " + o.metrics_out, CanonicalTarget(o.metrics_out)});
+  if (!o.params_out.empty()) outs.push_back({"--params-out " + o.params_out, CanonicalTarget(o.params_out)});
+  for (size_t i = 0; i < outs.size(); ++i) {
+    for (size_t j = i + 1; j < outs.size(); ++j) {
+      if (!outs[i].second.empty() && outs[i].second == outs[j].second) {
+        return Status::InvalidArgument(outs[j].first + " is the same file as " + outs[i].first +
+                                       ": give each output its own name");
+      }
+    }
+  }
+  const std::string data = RealPath(o.data);
+  if (!data.empty()) {
+    if (!o.out.empty()) outs.push_back({"--out " + o.out, RealPath(o.out)});
+    for (const auto& [what, path] : outs) {
+      if (!path.empty() && (path == data || path.rfind(data + "/", 0) == 0)) {
+        return Status::InvalidArgument(what + " lies inside the shard set " + o.data +
+                                       ": write outputs elsewhere (the data set is pack_tool's, "
+                                       "and a checkpoint or metrics there could overwrite it)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+OutputLock::~OutputLock() {
+  for (int fd : fds_) close(fd);
+}
+
+OutputLock& OutputLock::operator=(OutputLock&& o) noexcept {
+  if (this != &o) {
+    for (int fd : fds_) close(fd);
+    fds_ = std::move(o.fds_);
+    o.fds_.clear();
+  }
+  return *this;
+}
+
+Result<OutputLock> LockOutputs(const Options& o) {
+  OutputLock lock;
+  if (!o.out.empty()) NL_RETURN_IF_ERROR(LockOne(o.out + "/.trainer.lock", "--out " + o.out, &lock));
+  if (!o.metrics_out.empty()) {
+    NL_RETURN_IF_ERROR(LockOne(o.metrics_out, "--metrics-out " + o.metrics_out, &lock));
+  }
+  return lock;
+}
+
+}  // namespace nl::trainer

@@ -1,0 +1,61 @@
+// What a job checks before it trains, once in the launcher (so a bad flag is
+// one error, not one per rank) and again in each rank (torchrun starts ranks
+// without our launcher): the data set fits the options, the outputs can be
+// written and do not overwrite each other or the data, and no other job
+// writes the same outputs (an exclusive lock held for the job's life).
+//
+//   NL_RETURN_IF_ERROR(CheckData(options, manifest));
+//   NL_RETURN_IF_ERROR(CheckOutputs(options));
+//   NL_ASSIGN_OR_RETURN(OutputLock lock, LockOutputs(options));  // held until destroyed
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "formats/manifest.h"
+#include "formats/status.h"
+#include "loader/plan/job_plan.h"
+#include "trainer/options.h"
+
+namespace nl::trainer {
+
+// The binding plan request for `local_world` ranks on this node, from the flags.
+JobPlanRequest PlanRequest(const Options& o, int local_world);
+
+// The shard set has a train split of at least 2 classes, the --eval-split
+// asked for ("none" for no evaluation), and for --resize-on device one square
+// image shape.
+Status CheckData(const Options& o, const Manifest& m);
+
+// --out is made (0700) and writable; --params-out and --metrics-out are
+// files in writable directories; no two outputs (the checkpoint
+// <out>/checkpoint.pt, the metrics, the parameters) are one file; none lies
+// inside the shard set.
+Status CheckOutputs(const Options& o);
+
+// Exclusive write locks (POSIX record locks: the kernel drops them when the
+// process dies, kill -9 included) on <out>/.trainer.lock and the
+// --metrics-out file. A second job on the same outputs fails, naming the
+// process that holds them. Locks are per process: the launcher holds them for
+// its ranks.
+class OutputLock {
+ public:
+  OutputLock() = default;
+  ~OutputLock();
+  OutputLock(OutputLock&& o) noexcept : fds_(std::move(o.fds_)) { o.fds_.clear(); }
+  OutputLock& operator=(OutputLock&& o) noexcept;
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+  void Add(int fd) { fds_.push_back(fd); }
+
+ private:
+  std::vector<int> fds_;
+};
+Result<OutputLock> LockOutputs(const Options& o);
+
+// `path` with its directory resolved (symbolic links, "..") and its last
+// component kept: two names of one file compare equal. "" if the directory
+// does not exist.
+std::string CanonicalTarget(const std::string& path);
+
+}  // namespace nl::trainer
