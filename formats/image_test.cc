@@ -274,7 +274,16 @@ TEST(BadInput, OtherFormatsNamed) {
 TEST(BadInput, TruncatedPngAtEveryLength) {
   Image src = testing::PatternImage(20, 20, 1);
   std::vector<uint8_t> png = *EncodePng(src);
-  for (size_t n = 0; n < png.size(); n += 7) {
+  // Cut in the last IDAT's CRC or in IEND, after every byte of image data,
+  // a PNG loads whole (as in Pillow, which stops reading once it has the rows).
+  const size_t data_end = png.size() - 12 - 4;
+  for (size_t n = data_end; n < png.size(); ++n) {
+    std::vector<uint8_t> cut(png.begin(), png.begin() + n);
+    Result<Image> img = DecodeImage(cut);
+    ASSERT_TRUE(img.ok()) << n << ": " << img.status().ToString();
+    EXPECT_EQ(img->pixels, src.pixels) << n;
+  }
+  for (size_t n = 0; n < data_end; n += 7) {
     std::vector<uint8_t> cut(png.begin(), png.begin() + n);
     Status s = DecodeImage(cut).status();
     EXPECT_FALSE(s.ok()) << "accepted a PNG truncated to " << n << " of " << png.size();
@@ -330,7 +339,7 @@ TEST(BadInput, HugePngHeaderRejectedBeforeAllocation) {
   put32(29, static_cast<uint32_t>(crc32(crc32(0, nullptr, 0), png.data() + 12, 17)));
   Status s = DecodeImage(png).status();
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
-  EXPECT_EQ(s.message(), "PNG of 100000x100000 pixels exceeds the limit of 67108864 pixels");
+  EXPECT_EQ(s.message(), "PNG of 100000x100000 pixels exceeds the limit of 178956970 pixels");
   Result<ImageInfo> info = ReadImageInfo(png);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->width, 100000u);
@@ -433,4 +442,82 @@ TEST(BadInput, GarbageJpegHeaderSaysSo) {
 }
 
 }  // namespace
+// Pillow's decisions on damaged JPEGs (the corpus test checks many more).
+std::vector<uint8_t> WithoutSegment(const std::vector<uint8_t>& jpg, uint8_t marker) {
+  size_t pos = 2;
+  while (pos + 4 <= jpg.size() && jpg[pos] == 0xFF && jpg[pos + 1] != 0xDA) {
+    const size_t len = (size_t{jpg[pos + 2]} << 8) | jpg[pos + 3];
+    if (jpg[pos + 1] == marker) {
+      std::vector<uint8_t> out(jpg.begin(), jpg.begin() + static_cast<long>(pos));
+      out.insert(out.end(), jpg.begin() + static_cast<long>(pos + 2 + len), jpg.end());
+      return out;
+    }
+    pos += 2 + len;
+  }
+  return jpg;
+}
+
+TEST(PillowAgreement, AJpegWithoutItsQuantisationTablesIsRefusedEvenAfterAGoodOne) {
+  // A reused decompressor kept the last image's tables, so this file decoded
+  // with them and loaded; Pillow (a fresh decompressor) refuses it.
+  Image src = Smooth(32, 32);
+  const std::vector<uint8_t> good = *EncodeJpeg(src.pixels, 32, 32, 3);
+  std::vector<uint8_t> bad = good;
+  for (int i = 0; i < 4; ++i) bad = WithoutSegment(bad, 0xDB);  // every DQT
+  ASSERT_LT(bad.size(), good.size());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(DecodeImage(good).ok());
+    Status s = DecodeImage(bad).status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find("Quantization table"), std::string::npos) << s.ToString();
+  }
+}
+
+TEST(PillowAgreement, JpegWarningsLoadButAMissingEndIsTruncated) {
+  Image src = Smooth(32, 32);
+  std::vector<uint8_t> jpg = *EncodeJpeg(src.pixels, 32, 32, 3);
+  const std::vector<uint8_t> whole = DecodeImage(jpg)->pixels;
+  // An unknown JFIF revision: libjpeg warns, Pillow loads.
+  std::vector<uint8_t> rev = jpg;
+  ASSERT_EQ(rev[6], 'J');
+  rev[11] = 3;
+  Result<Image> r = DecodeImage(rev);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->pixels, whole);
+  // Extraneous bytes before a marker: a warning, it loads.
+  std::vector<uint8_t> junk = jpg;
+  junk.insert(junk.begin() + 20, {0x00, 0x11});
+  ASSERT_TRUE(DecodeImage(junk).ok()) << DecodeImage(junk).status().ToString();
+  // No end marker: every row is there, but Pillow says "truncated"; so do we.
+  std::vector<uint8_t> noeoi(jpg.begin(), jpg.end() - 2);
+  Status s = DecodeImage(noeoi).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_NE(s.message().find("truncated JPEG"), std::string::npos) << s.ToString();
+  // Not FF D8 FF: Pillow does not take it for a JPEG.
+  std::vector<uint8_t> magic = jpg;
+  magic[2] = 0xFB;
+  EXPECT_FALSE(DecodeImage(magic).ok());
+}
+
+TEST(PillowAgreement, PngChecksumsAsPillowChecksThem) {
+  Image src = testing::PatternImage(16, 16, 3);
+  const std::vector<uint8_t> png = *EncodePng(src);
+  // The IDAT's CRC is not checked (Pillow does not read it).
+  std::vector<uint8_t> idat_crc = png;
+  idat_crc[png.size() - 12 - 1] ^= 0x5A;
+  Result<Image> r = DecodeImage(idat_crc);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->pixels, src.pixels);
+  // IHDR's is (before the image data, Pillow checks every CRC).
+  std::vector<uint8_t> ihdr_crc = png;
+  ihdr_crc[29] ^= 0x01;
+  Status s = DecodeImage(ihdr_crc).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_NE(s.message().find("bad CRC in the IHDR chunk"), std::string::npos) << s.ToString();
+  // zlib's checksum is, when it is there.
+  std::vector<uint8_t> adler = png;
+  adler[png.size() - 12 - 4 - 1] ^= 0x01;
+  EXPECT_FALSE(DecodeImage(adler).ok());
+}
+
 }  // namespace nl

@@ -5,7 +5,9 @@
 // skips a destructor; the functions that run under setjmp hold only trivially
 // destructible locals.
 #include <png.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstring>
 #include <string>
@@ -20,6 +22,18 @@ struct PngContext {
   std::span<const uint8_t> data;
   size_t pos = 0;
   std::string error;
+  bool rows_done = false;  // every row decoded: what follows cannot fail the image
+  // Where the image data ends in the file (see ReadBytes); npos: the file is
+  // cut before that, or its structure breaks first.
+  size_t tail_from = std::string::npos;
+  // An IDAT whose declared length runs past the end of the file is read as
+  // holding the rest of the file (Pillow feeds those bytes to zlib).
+  size_t patch_at = std::string::npos;
+  uint8_t patch[4] = {0, 0, 0, 0};
+  bool gray16 = false;     // rows in `scratch`, converted at the end
+  bool reading_rows = false;  // inside png_read_image
+  png_uint_32 height = 0;
+  bool interlaced = false;
   std::vector<png_bytep> rows;
   std::vector<uint8_t> scratch;  // 16-bit gray rows before clipping
   std::vector<uint8_t> encoded;  // encoder output
@@ -32,8 +46,86 @@ struct PngContext {
 }
 void OnWarning(png_structp, png_const_charp) {}  // ancillary-chunk issues; pixels unaffected
 
+// Unknown chunks, critical ones included, are skipped (as Pillow does).
+int OnUnknownChunk(png_structp, png_unknown_chunkp) { return 1; }
+
+uint32_t Be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+bool IsChunkType(const uint8_t* t) {
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t c = t[i];
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'))) return false;
+  }
+  return true;
+}
+
+// Walks the chunks as Pillow reads them. Before the image data each chunk
+// needs a type of four letters and a matching CRC, or the file is refused
+// (Pillow's rule; image data and later chunks are not checked: libpng is told
+// below to use them whatever their CRC). Notes in ctx where the image data
+// ends (ReadBytes) and an IDAT length that runs past the end of the file.
+Status WalkChunks(std::span<const uint8_t> bytes, PngContext* ctx) {
+  size_t pos = 8;
+  bool seen_idat = false;
+  while (pos + 8 <= bytes.size()) {
+    const uint32_t len = Be32(bytes.data() + pos);
+    const uint8_t* type = bytes.data() + pos + 4;
+    const bool idat = std::memcmp(type, "IDAT", 4) == 0;
+    const size_t room = bytes.size() - pos - 8;  // bytes after this header
+    if (!IsChunkType(type)) {
+      if (seen_idat) return Status::Ok();
+      return Status::Corruption("corrupt PNG: the chunk at offset " + std::to_string(pos) +
+                                " has no valid type");
+    }
+    if (idat) {
+      seen_idat = true;
+      if (len > room) {  // Pillow reads what there is
+        const uint32_t rest = static_cast<uint32_t>(std::min<size_t>(room, 0x7fffffff));
+        ctx->patch_at = pos;
+        const uint8_t be[4] = {static_cast<uint8_t>(rest >> 24), static_cast<uint8_t>(rest >> 16),
+                               static_cast<uint8_t>(rest >> 8), static_cast<uint8_t>(rest)};
+        std::memcpy(ctx->patch, be, 4);
+        ctx->tail_from = bytes.size();
+        return Status::Ok();
+      }
+      ctx->tail_from = pos + 8 + len;
+    } else if (seen_idat) {
+      return Status::Ok();  // the image data is over
+    } else {
+      if (len > room || room - len < 4) return Status::Ok();  // cut: libpng says where
+      const uint32_t want = Be32(bytes.data() + pos + 8 + len);
+      const uint32_t got = static_cast<uint32_t>(crc32(crc32(0, nullptr, 0), type, 4 + len));
+      if (want != got) {
+        return Status::Corruption("corrupt PNG: bad CRC in the " +
+                                  std::string(reinterpret_cast<const char*>(type), 4) +
+                                  " chunk at offset " + std::to_string(pos));
+      }
+    }
+    pos += 12 + size_t{len};
+  }
+  return Status::Ok();
+}
+
 void ReadBytes(png_structp png, png_bytep out, size_t n) {
   auto* ctx = static_cast<PngContext*>(png_get_io_ptr(png));
+  if (ctx->data.size() - std::min(ctx->pos, ctx->data.size()) < n && ctx->pos >= ctx->tail_from) {
+    // Past the image data, Pillow stops reading: a file cut there loads.
+    // libpng reads on (the last IDAT's CRC, the next chunk's header), so the
+    // missing tail reads as zeros (a CRC, which is not checked there) and an
+    // IEND header. If zlib wanted more data, the IEND makes libpng fail with
+    // "Not enough image data", as Pillow fails with "truncated".
+    static const uint8_t kIend[8] = {0, 0, 0, 0, 'I', 'E', 'N', 'D'};
+    if (n == 8) {
+      std::memcpy(out, kIend, 8);
+    } else {
+      const size_t have = std::min(n, ctx->data.size() - std::min(ctx->pos, ctx->data.size()));
+      if (have) std::memcpy(out, ctx->data.data() + ctx->pos, have);
+      std::memset(out + have, 0, n - have);
+    }
+    ctx->pos += n;
+    return;
+  }
   if (ctx->data.size() - ctx->pos < n) {
     // The message is built before png_error, which longjmps: no temporary may
     // be alive across it.
@@ -43,6 +135,9 @@ void ReadBytes(png_structp png, png_bytep out, size_t n) {
     png_error(png, "truncated");
   }
   std::memcpy(out, ctx->data.data() + ctx->pos, n);
+  if (ctx->patch_at != std::string::npos && ctx->pos <= ctx->patch_at && ctx->patch_at + 4 <= ctx->pos + n) {
+    std::memcpy(out + (ctx->patch_at - ctx->pos), ctx->patch, 4);
+  }
   ctx->pos += n;
 }
 
@@ -54,6 +149,12 @@ class ReadStruct {
     if (png_) {
       png_set_read_fn(png_, ctx, ReadBytes);
       png_set_user_limits(png_, 0x7fffffff, 0x7fffffff);  // our own limit is checked below
+      // What Pillow tolerates: image data whatever its chunks' CRCs and its
+      // zlib checksum, unknown chunks, and (benign errors) extra data.
+      png_set_crc_action(png_, PNG_CRC_QUIET_USE, PNG_CRC_QUIET_USE);
+      png_set_benign_errors(png_, 1);
+      png_set_read_user_chunk_fn(png_, nullptr, OnUnknownChunk);
+      png_set_keep_unknown_chunks(png_, PNG_HANDLE_CHUNK_NEVER, nullptr, 0);
     }
   }
   ~ReadStruct() { png_destroy_read_struct(&png_, info_ ? &info_ : nullptr, nullptr); }
@@ -81,6 +182,19 @@ Status CheckSize(png_uint_32 w, png_uint_32 h, const DecodeLimits& limits) {
   return Status::Ok();
 }
 
+// 16-bit gray rows (kept in ctx->scratch) to RGB, clipped as Pillow's I -> RGB.
+Status FinishGray16(PngContext* ctx, Image* out) {
+  if (!ctx->gray16) return Status::Ok();
+  const uint8_t* src = ctx->scratch.data();
+  uint8_t* dst = out->pixels.data();
+  for (size_t i = 0, n = size_t{out->width} * out->height; i < n; ++i) {
+    const unsigned v = (unsigned{src[2 * i]} << 8) | src[2 * i + 1];
+    const uint8_t c = v > 255 ? 255 : static_cast<uint8_t>(v);
+    dst[3 * i] = dst[3 * i + 1] = dst[3 * i + 2] = c;
+  }
+  return Status::Ok();
+}
+
 // Runs under setjmp: no locals with destructors.
 Status DecodeBody(png_structp png, png_infop info, PngContext* ctx, const DecodeLimits& limits,
                   Image* out) {
@@ -93,6 +207,7 @@ Status DecodeBody(png_structp png, png_infop info, PngContext* ctx, const Decode
   // Pillow opens 16-bit grayscale (no alpha) as mode "I", and I -> RGB clips
   // each value to 0..255. Every other 16-bit type keeps the high byte.
   const bool gray16 = (color == PNG_COLOR_TYPE_GRAY && depth == 16);
+  ctx->gray16 = gray16;
   if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (depth == 16 && !gray16) png_set_strip_16(png);
@@ -120,19 +235,15 @@ Status DecodeBody(png_structp png, png_infop info, PngContext* ctx, const Decode
   }
   ctx->rows.resize(h);
   for (png_uint_32 y = 0; y < h; ++y) ctx->rows[y] = base + y * rowbytes;
+  ctx->height = h;
+  ctx->interlaced = interlace != PNG_INTERLACE_NONE;
+  ctx->reading_rows = true;
   png_read_image(png, ctx->rows.data());
+  // Every row is in: a damaged or missing end (IEND cut off, a bad CRC after
+  // the image data) does not fail the image, as in Pillow.
+  ctx->rows_done = true;
   png_read_end(png, nullptr);
-
-  if (gray16) {
-    const uint8_t* src = ctx->scratch.data();
-    uint8_t* dst = out->pixels.data();
-    for (size_t i = 0, n = size_t{w} * h; i < n; ++i) {
-      const unsigned v = (unsigned{src[2 * i]} << 8) | src[2 * i + 1];
-      const uint8_t c = v > 255 ? 255 : static_cast<uint8_t>(v);
-      dst[3 * i] = dst[3 * i + 1] = dst[3 * i + 2] = c;
-    }
-  }
-  return Status::Ok();
+  return FinishGray16(ctx, out);
 }
 
 Status RunDecode(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out,
@@ -144,7 +255,21 @@ Status RunDecode(std::span<const uint8_t> bytes, const DecodeLimits& limits, Ima
   ctx.data = bytes;
   ReadStruct rs(&ctx);
   if (!rs.ok()) return Status::Internal("libpng: cannot allocate read structures");
+  NL_RETURN_IF_ERROR(WalkChunks(bytes, &ctx));
   if (setjmp(png_jmpbuf(rs.png()))) {
+    // libpng fails after the last row when what follows the image data is
+    // missing (the zlib checksum, the CRC, IEND): it reads on to the end of
+    // the zlib stream. Pillow stops once it has every row, so such a file
+    // loads. libpng's row counter says whether the last row was complete:
+    // past it (pass 7 of an interlaced image), the failure came after the rows.
+    const bool all_rows =
+        ctx.reading_rows && (ctx.interlaced ? png_get_current_pass_number(rs.png()) >= 7
+                                            : png_get_current_row_number(rs.png()) >= ctx.height);
+    if ((ctx.rows_done || all_rows) && !info_only) return FinishGray16(&ctx, out);
+    if (ctx.pos > bytes.size()) {  // ReadBytes made up the missing tail, and zlib wanted more
+      return Status::Corruption("corrupt PNG: truncated PNG: the " + std::to_string(bytes.size()) +
+                                "-byte file ends before its image data does (" + ctx.error + ")");
+    }
     return Status::Corruption("corrupt PNG: " + ctx.error);
   }
   if (info_only) {

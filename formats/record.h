@@ -30,10 +30,13 @@ inline constexpr uint16_t kRecordVersion = 1;
 inline constexpr size_t kRecordHeaderSize = 32;
 inline constexpr uint32_t kMaxRecordDim = 1u << 20;
 // The pixel limit (width x height) used by default everywhere an image is
-// decoded or a record read: packing, verify, export and the loaders.
-// `--max-megapixels` changes it; megapixels are 2^20 pixels.
-inline constexpr uint64_t kDefaultMaxMegapixels = 64;
-inline constexpr uint64_t kDefaultMaxPixels = kDefaultMaxMegapixels << 20;
+// decoded or a record read: packing, verify, export and the loaders. It is
+// Pillow's: Image.open refuses an image of more than 2 x MAX_IMAGE_PIXELS
+// (2 x 89,478,485) pixels as a decompression bomb, so what trains under
+// torchvision packs here. `--max-megapixels` changes it (megapixels are 2^20
+// pixels); kDefaultMaxMegapixels is the default rounded up to them.
+inline constexpr uint64_t kDefaultMaxPixels = 2 * 89'478'485ull;
+inline constexpr uint64_t kDefaultMaxMegapixels = (kDefaultMaxPixels + (1u << 20) - 1) >> 20;
 
 struct RecordHeader {
   uint32_t label = 0;

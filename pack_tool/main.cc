@@ -192,7 +192,7 @@ struct Flags {
   // Counts are taken as text and range-checked after parsing (CLI11 would
   // wrap "-1" into an unsigned option).
   std::string shards_text = "0", threads_text = "0";
-  std::string max_mp_text = std::to_string(nl::kDefaultMaxMegapixels);
+  std::string max_mp_text;  // empty: nl::kDefaultMaxPixels (Pillow's limit)
   uint64_t max_mp_bound = MaxMegapixels();
   bool quick = false, as_json = false;  // verify, info
   std::string index_text, png_out;      // export
@@ -212,8 +212,9 @@ std::string ThreadsHelp() {
 void AddMaxMegapixels(CLI::App* c, Flags* f) {
   const std::string help = "Largest image accepted, in megapixels (2^20 pixels), 1 to " +
                            std::to_string(f->max_mp_bound) + " (what this machine's memory " +
-                           "holds as one RGB image)";
-  c->add_option("--max-megapixels", f->max_mp_text, help)->capture_default_str();
+                           "holds as one RGB image); default: Pillow's limit, " +
+                           std::to_string(nl::kDefaultMaxPixels) + " pixels";
+  c->add_option("--max-megapixels", f->max_mp_text, help);
 }
 
 // The options cifar100 and imagefolder share.
@@ -318,9 +319,13 @@ nl::Status CheckCounts(Flags* f, bool fake_cifar) {
   NL_ASSIGN_OR_RETURN(uint64_t shards, ParseCount("--shards", f->shards_text, 0, kMaxShards,
                                                   "one per 100,000 samples"));
   f->opts.shards = static_cast<uint32_t>(shards);
-  NL_ASSIGN_OR_RETURN(uint64_t max_mp,
-                      ParseCount("--max-megapixels", f->max_mp_text, 1, f->max_mp_bound));
-  f->opts.limits.max_pixels = max_mp << 20;
+  if (f->max_mp_text.empty()) {
+    f->opts.limits.max_pixels = std::min(nl::kDefaultMaxPixels, f->max_mp_bound << 20);
+  } else {
+    NL_ASSIGN_OR_RETURN(uint64_t max_mp,
+                        ParseCount("--max-megapixels", f->max_mp_text, 1, f->max_mp_bound));
+    f->opts.limits.max_pixels = max_mp << 20;
+  }
   if (fake_cifar) {
     NL_ASSIGN_OR_RETURN(f->fake.train, ParseCount("--train", f->train_text, 1, kMaxFakeImages));
     NL_ASSIGN_OR_RETURN(f->fake.test, ParseCount("--test", f->test_text, 1, kMaxFakeImages));

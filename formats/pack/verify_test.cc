@@ -113,7 +113,7 @@ TEST(Verify, HugeDeclaredImageIsOverTheDefaultLimit) {
   EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status().ToString();
   EXPECT_EQ(s.status().message(),
             "split 'train', shard train/shard-00000, index 1: PNG of 1048576x1048576 pixels "
-            "exceeds the limit of 67108864 pixels");
+            "exceeds the limit of 178956970 pixels");
 }
 
 TEST(Verify, LimitIsTheCallersOwn) {
