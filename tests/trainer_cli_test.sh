@@ -382,6 +382,11 @@ expect_text "--metrics-out $W/no/such/m.jsonl: cannot write in $W/no/such" "nami
 expect_rc 2 "--params-out on a directory is refused before training" "$TR" --data "$W/p" "${SMALL[@]}" \
   --nproc-per-node 2 --max-steps 2 --params-out "$W"
 expect_text "--params-out $W is a directory" "naming it"
+mkfifo "$W/fifo"
+expect_rc 2 "--params-out on a FIFO (a device would be replaced by the rename)" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --max-steps 2 --params-out "$W/fifo"
+expect_text "--params-out $W/fifo is not a regular file" "is refused"
+if [ -p "$W/fifo" ]; then ok "and the FIFO is left as it was"; else fail "the FIFO was replaced"; fi
 expect_rc 2 "--metrics-out on --out's checkpoint" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
   --out "$W/col" --metrics-out "$W/col/../col/checkpoint.pt"
 expect_text "is the same file as --out's checkpoint $W/col/checkpoint.pt" "is refused, however it is spelled"

@@ -48,6 +48,13 @@ Status CheckWritableFile(const std::string& flag, const std::string& path) {
   if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return Status::InvalidArgument(flag + " " + path + " is a directory");
   }
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    // A device or FIFO: the parameters are written by renaming a temporary
+    // over the path (which would replace /dev/full with a file), and a FIFO
+    // would block the job.
+    return Status::InvalidArgument(flag + " " + path +
+                                   " is not a regular file (a device, FIFO or socket): give a file's path");
+  }
   const std::string dir = DirOf(path);
   if (access(dir.c_str(), W_OK) != 0) {
     return Status::InvalidArgument(flag + " " + path + ": cannot write in " + dir + ": " +

@@ -116,8 +116,18 @@ class TempFileGuard {
   TempFileGuard& operator=(const TempFileGuard&) = delete;
 };
 
+// A rename over `path` must not replace a device or FIFO (a chart or
+// checkpoint name that is one, made after the job's checks).
+void CheckRenameTarget(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+    throw RankError("will not replace " + path + ": it is not a regular file (a device, FIFO, socket or directory)");
+  }
+}
+
 // Writes `bytes` to path atomically (a temporary beside it, then rename).
 void WriteAtomically(const std::string& path, const std::string& bytes) {
+  CheckRenameTarget(path);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   TempFileGuard guard(tmp);
   {
@@ -740,6 +750,7 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
   a.write("model_name", c10::IValue(c.model));
   a.write("num_classes", torch::tensor(c.classes));
   a.write("train_samples", torch::tensor(c.train_samples));
+  CheckRenameTarget(path);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   TempFileGuard guard(tmp);
   try {

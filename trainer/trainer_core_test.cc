@@ -191,6 +191,15 @@ TEST(Preflight, OutputsThatAreOneFileOrInsideTheDataAreRefused) {
   EXPECT_NE(s.ToString().find("--params-out " + dir + "/./m.jsonl is the same file as --metrics-out"),
             std::string::npos)
       << s.ToString();
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  o.params_out = dir + "/fifo";  // (and /dev/full: a rename would replace the device with a file)
+  s = CheckOutputs(o);
+  EXPECT_NE(s.ToString().find("is not a regular file"), std::string::npos) << s.ToString();
+  o.params_out = "";
+  o.metrics_out = dir + "/fifo";
+  s = CheckOutputs(o);
+  EXPECT_NE(s.ToString().find("is not a regular file"), std::string::npos) << s.ToString();
+  o.metrics_out = dir + "/m.jsonl";
   o.params_out = dir + "/data/manifest.json";
   s = CheckOutputs(o);
   EXPECT_NE(s.ToString().find("lies inside the shard set"), std::string::npos) << s.ToString();
