@@ -289,6 +289,72 @@ else
 fi
 kill -9 "$R1" 2>/dev/null
 nothing_left "trainer-$PORT-" "after a stalled rank"
+# Rank 0 stopped: it hosts the store, so the others cannot ask it who is silent.
+next_port
+"$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 50 --timeout 5 \
+  --master-port "$PORT" >"$W/stop0.out" 2>&1 &
+LP=$!
+pids+=("$LP")
+for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/stop0.out" && break; sleep 0.1; done
+sleep 1
+R0=$(rank_pid "$LP" 0)
+kill -STOP "$R0"
+wait_gone "$LP" 40
+check_rc $? 1 "SIGSTOP of rank 0 (the store's host): the launcher exits 1 (${SECS} s with --timeout 5)"
+if grep -q "^trainer: rank 0 made no progress (its process is stopped" "$W/stop0.out" &&
+  grep -q "does not answer within 5 s: rank 0 is stopped or hung" "$W/stop0.out"; then
+  ok "naming rank 0 as stalled"
+else
+  fail "SIGSTOP rank 0: $(tail -3 "$W/stop0.out")"
+fi
+kill -9 "$R0" 2>/dev/null
+nothing_left "trainer-$PORT-" "after rank 0 stalled"
+# A loader service stopped before it opens its ring: named within --timeout.
+next_port
+"$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 5 --timeout 5 --master-port "$PORT" >"$W/sl.out" 2>&1 &
+LP=$!
+pids+=("$LP")
+for ((i = 0; i < 200; i++)); do S=$(pgrep -f -- "loader serve .*--job-id trainer-$PORT-"); [ -n "$S" ] && break; sleep 0.02; done
+kill -STOP $S
+wait_gone "$LP" 40
+check_rc $? 1 "a loader service stopped at its start: exit 1 (${SECS} s with --timeout 5)"
+if grep -q "did not open its ring within 5 s (--timeout); it is stopped" "$W/sl.out"; then
+  ok "saying it is stopped"
+else
+  fail "stopped loader: $(tail -2 "$W/sl.out")"
+fi
+kill -9 $S 2>/dev/null
+nothing_left "trainer-$PORT-" "after a stopped loader service"
+# A full disk (a 200 KiB tmpfs, where this machine lets the test mount one).
+mkdir -p "$W/small"
+if mount -t tmpfs -o size=200k tmpfs "$W/small" 2>/dev/null; then
+  dd if=/dev/zero of="$W/small/fill" bs=1k count=150 2>/dev/null
+  next_port
+  expect_rc 1 "a checkpoint on a full disk" "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 3 \
+    --master-port "$PORT" --out "$W/small/o"
+  expect_text "cannot write the checkpoint $W/small/o/checkpoint.pt.tmp." "fails cleanly (no abort), naming the file"
+  expect_text "No space left on device" "and the cause"
+  if ls "$W/small/o" | grep -q tmp; then fail "a temporary is left"; else ok "leaving no temporary"; fi
+  rm -rf "$W/small/o"
+  dd if=/dev/zero of="$W/small/fill2" bs=1k count=46 2>/dev/null
+  next_port
+  expect_rc 1 "metrics on a full disk" "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 60 \
+    --report-every 1 --master-port "$PORT" --metrics-out "$W/small/m.jsonl"
+  expect_out "cannot write (--metrics-out $W/small/m.jsonl|$W/small/timing-epoch-0.svg.tmp.[0-9]+): No space left on device" \
+    "fails, naming what it could not write"
+  umount "$W/small"
+else
+  ok "(no tmpfs mount allowed here: the full-disk checks are skipped)"
+fi
+# nohup: an ignored SIGHUP stays ignored.
+next_port
+nohup "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 300 --master-port "$PORT" >"$W/nohup.out" 2>&1 &
+LP=$!
+pids+=("$LP")
+for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/nohup.out" && break; sleep 0.1; done
+kill -HUP "$LP"
+wait_gone "$LP" 60
+check_rc $? 0 "under nohup, SIGHUP does not stop the job"
 
 next_port
 expect_rc 1 "a loader that delivers nothing (--delay-ms 60000, --timeout 4)" "$TR" --data "$W/p" "${SMALL[@]}" \
@@ -308,7 +374,8 @@ WS0=$!
 pids+=("$WS0")
 expect_rc 1 "a rank with another WORLD_SIZE than rank 0's" env RANK=1 WORLD_SIZE=3 LOCAL_RANK=1 \
   LOCAL_WORLD_SIZE=2 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}"
-expect_text "this rank has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2" "saying so"
+expect_out "this rank has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2|lost the rendezvous store at 127.0.0.1:$PORT during the rendezvous" \
+  "saying so (or that rank 0 ended first, having said so)"
 wait "$WS0"
 check_rc $? 1 "and rank 0 fails too"
 if grep -q "rank 1 has WORLD_SIZE=3 but this rank (0) has 2" "$W/ws0.out"; then ok "saying so"; else fail "rank 0: $(cat "$W/ws0.out")"; fi
@@ -393,11 +460,29 @@ expect_text "is the same file as --out's checkpoint $W/col/checkpoint.pt" "is re
 expect_rc 2 "--metrics-out inside the shard set" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
   --metrics-out "$W/p/manifest.json"
 expect_text "lies inside the shard set" "is refused"
+ln -s "$W/p/manifest.json" "$W/lnk.jsonl"
+expect_rc 2 "--metrics-out through a symbolic link into the shard set" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --max-steps 2 --metrics-out "$W/lnk.jsonl"
+expect_text "lies inside the shard set" "is refused"
+ln "$W/p/manifest.json" "$W/hard.jsonl"
+expect_rc 2 "--metrics-out a hard link to the manifest" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
+  --metrics-out "$W/hard.jsonl"
+expect_text "is a hard link to a file of the shard set" "is refused"
+rm -f "$W/lnk.jsonl" "$W/hard.jsonl"
+expect_rc 2 "--out inside the shard set" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 --out "$W/p/run"
+if [ -e "$W/p/run" ]; then fail "it made $W/p/run before refusing"; else ok "is refused without making it"; fi
 if $PY -c "import json,sys; json.load(open(sys.argv[1]))" "$W/p/manifest.json"; then
   ok "and the manifest is intact"
 else
   fail "the manifest was overwritten"
 fi
+mkfifo "$W/ck.fifo"
+expect_rc 2 "--resume from a FIFO" "$TR" --data "$W/p" "${SMALL[@]}" --resume "$W/ck.fifo"
+expect_text "is not a regular file" "is refused (reading it would block)"
+long=$W/$(printf 'p%.0s' $(seq 250))
+expect_rc 2 "--params-out whose temporary's name is too long" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
+  --params-out "$long"
+expect_text "File name too long" "is refused before training, with the real cause"
 next_port
 expect_rc 1 "a rank under torchrun's variables checks its outputs too" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
   MASTER_PORT="$PORT" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 --params-out "$W"
@@ -421,6 +506,9 @@ expect_text "--out $W/shared is in use by another trainer job (pid $FIRST: " "na
 expect_rc 2 "a second job on the same --metrics-out (spelled otherwise)" "$TR" --data "$W/p" "${SMALL[@]}" \
   --max-steps 2 --master-port "$PORT" --metrics-out "$W/./shared.jsonl"
 expect_text "is in use by another trainer job (pid $FIRST: " "naming it"
+expect_rc 2 "--metrics-out inside the first job's --out" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 \
+  --master-port "$PORT" --metrics-out "$W/shared/mine.jsonl"
+expect_text "lies in another trainer job's --out (pid $FIRST: " "is refused, naming that job"
 expect_rc 1 "a rank under torchrun's variables on the same --out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
   MASTER_PORT="$PORT" "$TR" --data "$W/p" "${SMALL[@]}" --max-steps 2 --out "$W/shared"
 expect_text "is in use by another trainer job" "is refused too"

@@ -150,7 +150,9 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);  // the terminal went away: stop the job like SIGTERM
+  struct sigaction hup {};
+  sigaction(SIGHUP, nullptr, &hup);
+  if (hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, nullptr);  // the terminal went away: as SIGTERM (not under nohup)
   signal(SIGPIPE, SIG_IGN);
 
   const int world = o.nproc_per_node * o.nnodes;

@@ -6,6 +6,8 @@
 // Without RANK/WORLD_SIZE/LOCAL_RANK in the environment it is the launcher
 // (trainer/launcher.h) and runs --nproc-per-node copies of itself; with them
 // (set by that launcher, by torchrun, or by a Slurm wrapper) it is one rank.
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
@@ -181,6 +183,12 @@ int main(int argc, char** argv) {
   if (o.delay_ms > 0 && o.simulate_slow_rank < 0) return fail("--delay-ms needs --simulate-slow-rank");
   if (o.simulate_slow_rank >= 0 && o.delay_ms <= 0) return fail("--simulate-slow-rank needs --delay-ms > 0");
   if (o.checkpoint_every > 0 && o.out.empty()) return fail("--checkpoint-every needs --out");
+  if (!o.resume.empty()) {  // a FIFO or device would block or never end
+    struct stat st {};
+    if (stat(o.resume.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return fail("--resume " + o.resume + " is not a regular file (a checkpoint.pt from --out)");
+    }
+  }
 
   Placement p;
   std::string err;

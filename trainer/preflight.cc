@@ -1,6 +1,7 @@
 #include "trainer/preflight.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -60,7 +61,68 @@ Status CheckWritableFile(const std::string& flag, const std::string& path) {
     return Status::InvalidArgument(flag + " " + path + ": cannot write in " + dir + ": " +
                                    std::strerror(errno));
   }
+  // The temporary it is written through (a name too long, say) must be possible too.
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return Status::InvalidArgument(flag + " " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
+  }
+  close(fd);
+  unlink(tmp.c_str());
   return Status::Ok();
+}
+
+// Where writing `path` lands: the file a symbolic link (even a dangling one)
+// points to, resolved; else CanonicalTarget(path).
+std::string WriteTarget(const std::string& path) {
+  std::string p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    char buf[PATH_MAX];
+    const ssize_t n = readlink(p.c_str(), buf, sizeof buf - 1);
+    if (n <= 0) break;
+    const std::string target(buf, static_cast<size_t>(n));
+    p = target[0] == '/' ? target : DirOf(p) + "/" + target;
+  }
+  return CanonicalTarget(p);
+}
+
+// Whether `path` is (a hard link to) a file under `dir`.
+bool HardLinkedUnder(const std::string& path, const std::string& dir) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink < 2) return false;
+  static dev_t dev;
+  static ino_t ino;
+  static bool found;
+  dev = st.st_dev;
+  ino = st.st_ino;
+  found = false;
+  nftw(dir.c_str(),
+       [](const char*, const struct stat* s, int type, struct FTW*) {
+         if (type == FTW_F && s->st_dev == dev && s->st_ino == ino) found = true;
+         return found ? 1 : 0;
+       },
+       16, FTW_PHYS);
+  return found;
+}
+
+// Another job's lock on the directory `path` is written in (its --out).
+std::string ForeignLockHolder(const std::string& path) {
+  const std::string lock = DirOf(path) + "/.trainer.lock";
+  const int fd = open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct flock q {};
+  q.l_type = F_WRLCK;
+  q.l_whence = SEEK_SET;
+  std::string holder;
+  // (Our own launcher, our parent, holds our --out's lock.)
+  if (fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0 && q.l_pid != getpid() &&
+      q.l_pid != getppid()) {
+    holder = DescribeProcess(q.l_pid);
+  }
+  close(fd);
+  return holder;
 }
 
 // `what` names the output for the user ("--out DIR"); `path` is the file locked.
@@ -134,7 +196,19 @@ std::string CanonicalTarget(const std::string& path) {
 }
 
 Status CheckOutputs(const Options& o) {
+  const std::string data = RealPath(o.data);
+  auto inside_data = [&](const std::string& path) {
+    return !data.empty() && !path.empty() && (path == data || path.rfind(data + "/", 0) == 0);
+  };
+  auto refuse_inside = [&](const std::string& what) {
+    return Status::InvalidArgument(what + " lies inside the shard set " + o.data +
+                                   ": write outputs elsewhere (the data set is pack_tool's, "
+                                   "and a checkpoint or metrics there could overwrite it)");
+  };
+  // --out is made only once it is known not to lie in the data set.
   if (!o.out.empty()) {
+    const std::string out = RealPath(o.out), parent = RealPath(DirOf(o.out));
+    if (inside_data(!out.empty() ? out : parent.empty() ? "" : parent + "/x")) return refuse_inside("--out " + o.out);
     struct stat st {};
     if (mkdir(o.out.c_str(), 0700) != 0 && errno != EEXIST) {
       return Status::FromErrno("cannot make --out " + o.out, errno);
@@ -143,15 +217,11 @@ Status CheckOutputs(const Options& o) {
       return Status::InvalidArgument("--out " + o.out + " is not a writable directory");
     }
   }
-  if (!o.params_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--params-out", o.params_out));
-  if (!o.metrics_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--metrics-out", o.metrics_out));
-
-  // No output is another, and none is written into the data set.
-  std::vector<std::pair<std::string, std::string>> outs;  // (what, canonical path)
+  std::vector<std::pair<std::string, std::string>> outs;  // (what, where writing lands)
   if (!o.out.empty()) {
-    outs.push_back({"--out's checkpoint " + o.out + "/checkpoint.pt", CanonicalTarget(o.out + "/checkpoint.pt")});
+    outs.push_back({"--out's checkpoint " + o.out + "/checkpoint.pt", WriteTarget(o.out + "/checkpoint.pt")});
   }
-  if (!o.metrics_out.empty()) outs.push_back({"--metrics-out " + o.metrics_out, CanonicalTarget(o.metrics_out)});
+  if (!o.metrics_out.empty()) outs.push_back({"--metrics-out " + o.metrics_out, WriteTarget(o.metrics_out)});
   if (!o.params_out.empty()) outs.push_back({"--params-out " + o.params_out, CanonicalTarget(o.params_out)});
   for (size_t i = 0; i < outs.size(); ++i) {
     for (size_t j = i + 1; j < outs.size(); ++j) {
@@ -161,17 +231,26 @@ Status CheckOutputs(const Options& o) {
       }
     }
   }
-  const std::string data = RealPath(o.data);
-  if (!data.empty()) {
-    if (!o.out.empty()) outs.push_back({"--out " + o.out, RealPath(o.out)});
-    for (const auto& [what, path] : outs) {
-      if (!path.empty() && (path == data || path.rfind(data + "/", 0) == 0)) {
-        return Status::InvalidArgument(what + " lies inside the shard set " + o.data +
-                                       ": write outputs elsewhere (the data set is pack_tool's, "
-                                       "and a checkpoint or metrics there could overwrite it)");
-      }
+  for (const auto& [what, path] : outs) {
+    if (inside_data(path)) return refuse_inside(what);
+  }
+  for (const std::string& f : {o.metrics_out, o.params_out}) {
+    if (!f.empty() && !data.empty() && HardLinkedUnder(f, data)) {
+      return Status::InvalidArgument(f + " is a hard link to a file of the shard set " + o.data +
+                                     ": writing it would overwrite the data set");
     }
   }
+  const bool in_own_out = !o.out.empty() && !o.metrics_out.empty() &&
+                          RealPath(DirOf(WriteTarget(o.metrics_out))) == RealPath(o.out);
+  if (!o.metrics_out.empty() && !in_own_out) {
+    const std::string holder = ForeignLockHolder(WriteTarget(o.metrics_out));
+    if (!holder.empty()) {
+      return Status::FailedPrecondition("--metrics-out " + o.metrics_out + " lies in another trainer job's --out (" +
+                                        holder + "): choose another place");
+    }
+  }
+  if (!o.params_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--params-out", o.params_out));
+  if (!o.metrics_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--metrics-out", o.metrics_out));
   return Status::Ok();
 }
 

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +40,7 @@
 #include "loader/plan/job_plan.h"
 #include "loader/ring/child_process.h"
 #include "loader/ring/client.h"
+#include "loader/ring/ring_socket.h"
 #include "loader/staging/staging.h"
 #include "trainer/diagnostics.h"
 #include "trainer/models.h"
@@ -102,7 +104,12 @@ void InstallSignalHandlers() {
   struct sigaction sa {};
   sa.sa_handler = OnTerminatingSignal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction old {};
+    sigaction(sig, nullptr, &old);
+    if (old.sa_handler == SIG_IGN) continue;  // nohup: an ignored signal stays ignored
+    sigaction(sig, &sa, nullptr);
+  }
 }
 
 class TempFileGuard {
@@ -135,8 +142,9 @@ void WriteAtomically(const std::string& path, const std::string& bytes) {
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     f.flush();
     if (!f) {
+      const int err = errno;
       std::remove(tmp.c_str());
-      throw RankError("cannot write " + tmp + " (disk full?)");
+      throw RankError("cannot write " + tmp + ": " + std::strerror(err));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -247,9 +255,11 @@ class ServiceSource : public BatchSource {
         Check(c.status(), "cannot attach to its loader service");
       }
       if (std::chrono::duration<double>(Clock::now() - start).count() > attach_limit_s) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", attach_limit_s);
         throw RankError(WithTail("its loader service (pid " + std::to_string(pid_) +
-                                     ") did not open its ring within " +
-                                     std::to_string(int(attach_limit_s)) + " s",
+                                     ") did not open its ring within " + secs + " s (--timeout); it is " +
+                                     ring::ProcessState(pid_),
                                  ServeLogSummary(log_.get())));
       }
     }
@@ -466,7 +476,26 @@ class Heartbeat {
   }
 
   // The other ranks' last heartbeats, in words: who is behind or silent.
+  // PeersNow with a deadline: the store lives in rank 0's process, which may
+  // be the one that is stopped (a store call would then block for good).
   std::string Peers() const {
+    auto result = std::make_shared<std::promise<std::string>>();
+    std::future<std::string> f = result->get_future();
+    std::thread([this, result] {
+      try {
+        result->set_value(PeersNow());
+      } catch (...) {
+        result->set_value("the rendezvous store (hosted by rank 0) failed to answer");
+      }
+    }).detach();  // left behind only when rank 0's store hangs; this process is about to end
+    if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      return "the rendezvous store (hosted by rank 0) does not answer within 5 s: rank 0 is stopped or hung";
+    }
+    return f.get();
+  }
+
+ private:
+  std::string PeersNow() const {
     c10::intrusive_ptr<c10d::Store> st;
     try {
       st = ConnectStore(a_, std::chrono::milliseconds(3000));
@@ -509,7 +538,6 @@ class Heartbeat {
     return "every other rank still sends heartbeats and none is stuck outside a collective";
   }
 
- private:
   void Loop() {
     c10::intrusive_ptr<c10d::Store> st;
     std::unique_lock<std::mutex> l(mu_);
@@ -753,11 +781,29 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
   CheckRenameTarget(path);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   TempFileGuard guard(tmp);
-  try {
-    a.save_to(tmp);
-  } catch (const c10::Error& e) {
+  // Serialised in memory, then written here: LibTorch's file writer throws
+  // from its destructor on a short write (a full disk), which aborts.
+  std::ostringstream buf;
+  a.save_to(buf);
+  const std::string bytes = buf.str();
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw RankError("cannot create the checkpoint " + tmp + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : ENOSPC;
+      close(fd);
+      std::remove(tmp.c_str());
+      throw RankError("cannot write the checkpoint " + tmp + ": " + std::strerror(err));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    const int err = errno;
     std::remove(tmp.c_str());
-    throw RankError("cannot write the checkpoint " + tmp + " (disk full?): " + e.what_without_backtrace());
+    throw RankError("cannot write the checkpoint " + tmp + ": " + std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
@@ -887,6 +933,8 @@ class Rank {
   PipelineConfig InprocessConfig(const std::string& split) const;
   void StartLoader(uint64_t start_epoch, uint64_t start_batch);
   void Rendezvous();
+  void Join(const std::string& where, const char* secs);
+  void CreateProcessGroup();
   void Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, int* straggler);
   std::pair<double, double> Evaluate();
   void WriteMetrics(const std::string& lines);
@@ -1058,7 +1106,7 @@ void Rank::StartLoader(uint64_t start_epoch, uint64_t start_batch) {
     a.push_back("--simulate-delay-ms");
     a.push_back(std::to_string(o_.delay_ms));
   }
-  source_ = std::make_unique<ServiceSource>(a, p_.job_id, p_.rank, o_.timeout_s, g_, 120.0,
+  source_ = std::make_unique<ServiceSource>(a, p_.job_id, p_.rank, o_.timeout_s, g_, o_.timeout_s,
                                             have_process_cpus_ ? &process_cpus_ : nullptr);
 }
 
@@ -1102,10 +1150,24 @@ void Rank::Rendezvous() {
   store_ = c10::make_intrusive<c10d::PrefixStore>(store_address_.prefix, tcp);
 
   // Everyone joins: one process per rank, all of one WORLD_SIZE, all there.
+  try {
+    Join(where, secs);
+  } catch (const RankError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RankError("lost the rendezvous store at " + where + " during the rendezvous (rank 0 hosts it: it "
+                    "has ended or stopped; its own error says why): " + e.what());
+  }
+  hb_ = std::make_unique<Heartbeat>(store_address_, p_.rank, p_.world);
+  CreateProcessGroup();
+}
+
+void Rank::Join(const std::string& where, const char* secs) {
   const std::string me = std::to_string(p_.rank);
   if (store_->add("join/" + me, 1) > 1) {
     throw RankError("rank " + me + " joined the rendezvous at " + where +
-                    " twice: two processes were started with RANK=" + me + " (each needs its own)");
+                    " twice: two processes were started with RANK=" + me +
+                    " (each needs its own), or that address is not this job's store");
   }
   {
     const std::string w = std::to_string(p_.world);
@@ -1158,8 +1220,9 @@ void Rank::Rendezvous() {
       }
     }
   }
-  hb_ = std::make_unique<Heartbeat>(store_address_, p_.rank, p_.world);
+}
 
+void Rank::CreateProcessGroup() {
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store_);
 #if NL_TRAINER_CUDA
   if (g_.device.is_cuda()) {
@@ -1206,8 +1269,9 @@ void Rank::RemoveStaleTemporaries() const {
 
 void Rank::WriteMetrics(const std::string& lines) {
   if (!metrics_) return;
-  std::fputs(lines.c_str(), metrics_);
-  std::fflush(metrics_);
+  if (std::fputs(lines.c_str(), metrics_) < 0 || std::fflush(metrics_) != 0) {
+    throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
+  }
 }
 
 void Rank::Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, int* straggler) {
