@@ -2,6 +2,7 @@
 # Installs dependencies, configures, builds and runs the whole test suite.
 #   scripts/test.sh              release build with tests (build/)
 #   scripts/test.sh --sanitize   the same under ASan + UBSan (build-asan/)
+#   scripts/test.sh --tsan       ThreadSanitizer: pool, pipeline, ring, service, staging tests (build-tsan/)
 # Extra CMake arguments come from NL_CMAKE_ARGS (CI: "-DNL_WERROR=ON").
 # Exits non-zero on any build or test failure.
 set -euo pipefail
@@ -17,11 +18,27 @@ if [ "${1:-}" = "--sanitize" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:handle_sigbus=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fi
+# --tsan: ThreadSanitizer over the threaded parts (the worker pool, the
+# pipeline, the ring, its service and the staging layer: their unit tests,
+# which run producer and consumer in one process where TSan sees both; the
+# multi-process CLI tests are timing-bound and too slow under TSan), build-tsan/.
+tests_regex=""
+if [ "${1:-}" = "--tsan" ]; then
+  build_dir=build-tsan
+  cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNL_TSAN=ON)
+  tests_regex='^(WorkerPool|Pipeline|PipelineContract|Sampler|Ring|Staging)[A-Za-z]*\.'
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+fi
 
 scripts/install-deps.sh
 jobs=$(nproc)
 read -r -a extra_args <<<"${NL_CMAKE_ARGS:-}"
 cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" ${extra_args[@]+"${extra_args[@]}"} >/dev/null
-cmake --build "$build_dir" -j "$jobs"
 cd "$build_dir"
-ctest -j "$jobs" --output-on-failure --timeout 600
+if [ -n "$tests_regex" ]; then
+  cmake --build . -j "$jobs" --target formats_test loader_pipeline_test ring_test staging_test
+  ctest -j "$jobs" --output-on-failure --timeout 600 -R "$tests_regex"
+else
+  cmake --build . -j "$jobs"
+  ctest -j "$jobs" --output-on-failure --timeout 600
+fi

@@ -270,44 +270,39 @@ nothing_left "trainer-$PORT-" "after SIGINT"
 # A rank that stops making progress (SIGSTOP): the others give up after
 # --timeout in their collective and say whom they waited for; the launcher
 # names the stalled rank, not the ones that timed out.
-next_port
-"$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 50 --timeout 5 \
-  --master-port "$PORT" >"$W/stop.out" 2>&1 &
-LP=$!
-pids+=("$LP")
-for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/stop.out" && break; sleep 0.1; done
-sleep 1
-R1=$(rank_pid "$LP" 1)
-kill -STOP "$R1"
-wait_gone "$LP" 40
-check_rc $? 1 "SIGSTOP of rank 1: the launcher exits 1 (${SECS} s with --timeout 5)"
+# stop_rank R OUT: a 2-rank job with --timeout 5 whose rank R is stopped once
+# it trains; checks the launcher's exit; leaves the rank's pid in $RS.
+stop_rank() {
+  next_port
+  "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 50 --timeout 5 \
+    --master-port "$PORT" >"$W/$2" 2>&1 &
+  LP=$!
+  pids+=("$LP")
+  for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/$2" && break; sleep 0.1; done
+  sleep 1
+  RS=$(rank_pid "$LP" "$1")
+  kill -STOP "$RS"
+  wait_gone "$LP" 40
+  check_rc $? 1 "SIGSTOP of rank $1: the launcher exits 1 (${SECS} s with --timeout 5)"
+}
+stop_rank 1 stop.out
 if grep -q "^trainer: rank 1 made no progress (its process is stopped (SIGSTOP" "$W/stop.out" &&
   grep -Eq "rank 1 silent for [0-9.]+ s" "$W/stop.out"; then
   ok "naming rank 1 as stalled, and rank 0 saying it heard nothing from it"
 else
   fail "SIGSTOP: $(tail -3 "$W/stop.out")"
 fi
-kill -9 "$R1" 2>/dev/null
+kill -9 "$RS" 2>/dev/null
 nothing_left "trainer-$PORT-" "after a stalled rank"
 # Rank 0 stopped: it hosts the store, so the others cannot ask it who is silent.
-next_port
-"$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 50 --timeout 5 \
-  --master-port "$PORT" >"$W/stop0.out" 2>&1 &
-LP=$!
-pids+=("$LP")
-for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/stop0.out" && break; sleep 0.1; done
-sleep 1
-R0=$(rank_pid "$LP" 0)
-kill -STOP "$R0"
-wait_gone "$LP" 40
-check_rc $? 1 "SIGSTOP of rank 0 (the store's host): the launcher exits 1 (${SECS} s with --timeout 5)"
+stop_rank 0 stop0.out
 if grep -q "^trainer: rank 0 made no progress (its process is stopped" "$W/stop0.out" &&
   grep -q "does not answer within 5 s: rank 0 is stopped or hung" "$W/stop0.out"; then
-  ok "naming rank 0 as stalled"
+  ok "naming rank 0 (the store's host) as stalled"
 else
   fail "SIGSTOP rank 0: $(tail -3 "$W/stop0.out")"
 fi
-kill -9 "$R0" 2>/dev/null
+kill -9 "$RS" 2>/dev/null
 nothing_left "trainer-$PORT-" "after rank 0 stalled"
 # A loader service stopped before it opens its ring: named within --timeout.
 next_port

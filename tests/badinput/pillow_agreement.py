@@ -85,13 +85,17 @@ pngs = {
 pngs["png-multi-idat"] = split_idat(pngs["png-rgb"], 6)
 pngs["png-text"] = with_text_chunks(pngs["png-rgb"])
 
+def add_truncations(name, data):
+    """Cuts every ~len/24 bytes, and at each of the last 16."""
+    n = len(data)
+    for o in sorted(set(list(range(0, n, max(1, n // 24))) + list(range(max(0, n - 16), n)))):
+        add(f"{name}-cut{o}", "truncated", data[:o])
+
+
 for name, data in pngs.items():
     add(name, "valid", data)
     n = len(data)
-    # truncations: every ~n/24 bytes, and each of the last 16
-    offs = sorted(set(list(range(0, n, max(1, n // 24))) + list(range(max(0, n - 16), n))))
-    for o in offs:
-        add(f"{name}-cut{o}", "truncated", data[:o])
+    add_truncations(name, data)
     # a bit flipped in every byte before the first IDAT's data, and in 24 bytes of image data
     cs = chunks(data)
     first_idat = next(p for cid, p, nn in cs if cid == b"IDAT")
@@ -150,9 +154,7 @@ jpegs = {
 for name, data in jpegs.items():
     add(name, "valid", data)
     n = len(data)
-    offs = sorted(set(list(range(0, n, max(1, n // 24))) + list(range(max(0, n - 16), n))))
-    for o in offs:
-        add(f"{name}-cut{o}", "truncated", data[:o])
+    add_truncations(name, data)
     segs = segments(data)
     sos = segs[-1][1]
     for o in range(2, min(sos + 14, n), 3):  # every third header byte
