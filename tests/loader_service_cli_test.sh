@@ -303,6 +303,8 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
   expect_rc 1 "a producer of another uid is refused by the consumer" \
     "$L" consume --job-id "$JOB-u2" --batches 1 --timeout 5
   expect_text "it runs as uid 65534, and this consumer as uid 0" "saying whose it is"
+  # The producer logs the refusal after sending it: the consumer may be gone first.
+  for ((i = 0; i < 50; i++)); do grep -q "refused a consumer" "$W/u2.log" && break; sleep 0.1; done
   if grep -q "refused a consumer: pid .* runs as uid 0, not 65534" "$W/u2.log"; then ok "that producer refuses root's consumer too"; else fail "$(cat "$W/u2.log")"; fi
   kill -TERM "$SP"
   wait_exit "$SP" 10
