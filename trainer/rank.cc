@@ -481,9 +481,11 @@ class Heartbeat {
   std::string Peers() const {
     auto result = std::make_shared<std::promise<std::string>>();
     std::future<std::string> f = result->get_future();
-    std::thread([this, result] {
+    // The thread gets copies, not `this`: after a timeout it outlives the
+    // Heartbeat (the rank unwinds while the store call still blocks).
+    std::thread([a = a_, rank = rank_, world = world_, result] {
       try {
-        result->set_value(PeersNow());
+        result->set_value(PeersNow(a, rank, world));
       } catch (...) {
         result->set_value("the rendezvous store (hosted by rank 0) failed to answer");
       }
@@ -495,18 +497,18 @@ class Heartbeat {
   }
 
  private:
-  std::string PeersNow() const {
+  static std::string PeersNow(const StoreAddress& a, int self, int world) {
     c10::intrusive_ptr<c10d::Store> st;
     try {
-      st = ConnectStore(a_, std::chrono::milliseconds(3000));
+      st = ConnectStore(a, std::chrono::milliseconds(3000));
     } catch (const std::exception&) {
       return "the rendezvous store (hosted by rank 0) does not answer: rank 0 is stopped, hung or gone";
     }
     const int64_t now = WallMs();
     std::string silent, waiting, others;
     try {
-      for (int r = 0; r < world_; ++r) {
-        if (r == rank_) continue;
+      for (int r = 0; r < world; ++r) {
+        if (r == self) continue;
         const std::string key = "hb/" + std::to_string(r);
         if (!st->check({key})) {
           silent += (silent.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " never sent one");
