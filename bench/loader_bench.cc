@@ -9,6 +9,7 @@
 // numa_loader.consume`; the rows add the consumer's per-batch cost (time in
 // Next+Release less the time spent waiting for the producer). --mode both
 // runs inprocess, then service, and prints the ratio of their throughputs.
+#include <fcntl.h>
 #include <link.h>
 #include <poll.h>
 #include <spawn.h>
@@ -677,8 +678,15 @@ json RankResult(int rank, pid_t pid, const std::string& out) {
 class IndexFile {
  public:
   static nl::Result<std::unique_ptr<IndexFile>> Open(const std::string& path) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
+    // Mode 0600: what the tools write is their user's only.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
+    FILE* f = ::fdopen(fd, "w");
+    if (!f) {
+      const int e = errno;
+      ::close(fd);
+      return nl::Status::FromErrno("--record-indices: cannot open " + path, e);
+    }
     return std::unique_ptr<IndexFile>(new IndexFile(path, f));
   }
   ~IndexFile() {
@@ -910,7 +918,7 @@ std::vector<std::string> ServeOptionsGiven(const CLI::App& app) {
     const std::string name = o->get_name();
     const CLI::Option* given = app.get_option_no_throw(name);
     if (given == nullptr || given->count() == 0) continue;
-    if (given->get_type_size_max() == 0) {  // a flag
+    if (given->get_expected_max() == 0) {  // a flag (its results are "true")
       out.push_back(name);
       continue;
     }

@@ -15,8 +15,22 @@ namespace nl {
 
 namespace fs = std::filesystem;
 
-Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -24,21 +38,25 @@ Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out) {
     ::close(fd);
     return Status::FromErrno("cannot stat " + path, e);
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::IOError("cannot read " + path + ": is a directory");
+    return Status::IOError("cannot read " + path + ": it is " + FileKind(st.st_mode) +
+                           ", not a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::IOError("cannot read " + path + ": it is " + std::to_string(st.st_size) +
+                           " bytes, more than the " + std::to_string(max_bytes) +
+                           " this reader takes");
   }
   const size_t start = out->size();
-  size_t cap = st.st_size > 0 ? static_cast<size_t>(st.st_size) : 4096;
-  out->resize(start + cap);
+  const size_t size = static_cast<size_t>(st.st_size);
+  out->resize(start + size);
   size_t got = 0;
-  const bool regular = S_ISREG(st.st_mode) && st.st_size > 0;
-  while (true) {
-    // A regular file is read in one call (its size is known): no extra read
-    // to see end-of-file, which matters when packing many small files.
-    if (regular && got == static_cast<size_t>(st.st_size)) break;
-    if (start + got == out->size()) out->resize(out->size() * 2);
-    ssize_t n = ::read(fd, out->data() + start + got, out->size() - start - got);
+  // Read what the size says (in one call for a small file: that matters when
+  // packing many); a file that shrinks meanwhile gives what it has.
+  while (got < size) {
+    ssize_t n = ::read(fd, out->data() + start + got, size - got);
     if (n < 0) {
       if (errno == EINTR) continue;
       int e = errno;
@@ -54,19 +72,19 @@ Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out) {
   return Status::Ok();
 }
 
-Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
+Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
   std::vector<uint8_t> out;
-  NL_RETURN_IF_ERROR(ReadFileInto(path, &out));
+  NL_RETURN_IF_ERROR(ReadFileInto(path, &out, max_bytes));
   return out;
 }
 
-Result<std::string> ReadFileToString(const std::string& path) {
-  NL_ASSIGN_OR_RETURN(std::vector<uint8_t> b, ReadFileBytes(path));
+Result<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes) {
+  NL_ASSIGN_OR_RETURN(std::vector<uint8_t> b, ReadFileBytes(path, max_bytes));
   return std::string(b.begin(), b.end());
 }
 
 Status WriteFile(const std::string& path, const void* data, size_t n) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno("cannot create " + path, errno);
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -84,6 +102,13 @@ Status WriteFile(const std::string& path, const void* data, size_t n) {
   return Status::Ok();
 }
 
+Status CreatePrivateFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0600);
+  if (fd < 0) return Status::FromErrno("cannot create " + path, errno);
+  ::close(fd);
+  return Status::Ok();
+}
+
 Status FsyncDir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno("cannot open directory " + dir, errno);
@@ -96,8 +121,12 @@ Status FsyncDir(const std::string& dir) {
 
 Status WriteFileAtomically(const std::string& path, const std::string& contents) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
+  // A file replaced keeps its mode (one its owner opened to others stays
+  // so); a new one is its user's only.
+  struct stat old {};
+  if (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ::fchmod(fd, old.st_mode & 07777);
   const char* p = contents.data();
   size_t n = contents.size();
   while (n > 0) {
@@ -130,9 +159,20 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
 }
 
 Status MakeDirs(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return Status::IOError("cannot create directory " + dir + ": " + ec.message());
+  // Each missing component made 0700 (std::filesystem would make it 0777
+  // less the umask); existing ones are left as they are.
+  std::string prefix;
+  const fs::path p = fs::path(dir).lexically_normal();
+  for (const fs::path& part : p) {
+    if (part.empty()) continue;
+    prefix = prefix.empty() ? part.string() : (fs::path(prefix) / part).string();
+    if (::mkdir(prefix.c_str(), 0700) == 0) continue;
+    const int e = errno;
+    struct stat st {};
+    if (e == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+    return Status::FromErrno("cannot create directory " + dir + " (at " + prefix + ")",
+                             e == EEXIST ? ENOTDIR : e);
+  }
   return Status::Ok();
 }
 
@@ -170,7 +210,7 @@ bool PathIsWithin(const std::string& inner, const std::string& outer) {
 
 Status FileLock::TryOnce(bool* busy) {
   *busy = false;
-  int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno("cannot open lock file " + path_, errno);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
@@ -243,13 +283,18 @@ void FileLock::Release() {
 }
 
 Result<FileBytes> FileBytes::Map(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: no wait
   if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
     return Status::FromErrno("cannot stat " + path, e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::IOError("cannot read " + path + ": it is " + FileKind(st.st_mode) +
+                           ", not a regular file");
   }
   FileBytes b;
   if (st.st_size > 0) {

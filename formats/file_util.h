@@ -13,15 +13,31 @@
 
 namespace nl {
 
-Result<std::string> ReadFileToString(const std::string& path);
-Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+// The largest file the readers below take unless told otherwise: an image at
+// Pillow's pixel limit stored uncompressed is about 540 MB.
+inline constexpr uint64_t kMaxReadBytes = uint64_t{2} << 30;
+
+// Read a whole regular file. Anything else (a FIFO, a device, a directory,
+// a socket) is refused without blocking on it, and so is a file larger than
+// max_bytes (an error naming the file and both sizes), before any buffer of
+// that size is allocated.
+Result<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes = kMaxReadBytes);
+Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
+                                           uint64_t max_bytes = kMaxReadBytes);
 // Appends the file's bytes to *out (reusing its capacity).
-Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out);
+Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out,
+                    uint64_t max_bytes = kMaxReadBytes);
+// Creates (or truncates) path with mode 0600: what the tools write is their
+// user's only (share it with chmod).
 Status WriteFile(const std::string& path, const void* data, size_t n);
+// Creates path, if missing, empty with mode 0600, so that a stream opened on
+// it afterwards (std::ofstream, fopen: 0666 less the umask) writes a file
+// that is its user's only. An existing file is left as it is.
+Status CreatePrivateFile(const std::string& path);
 // Writes to "<path>.tmp-<pid>", fsyncs, renames over path, fsyncs the directory.
 Status WriteFileAtomically(const std::string& path, const std::string& contents);
 Status FsyncDir(const std::string& dir);
-// Creates dir (and parents); ok if it already exists.
+// Creates dir (and parents) with mode 0700; ok if it already exists.
 Status MakeDirs(const std::string& dir);
 // Recursive delete; ok if missing.
 Status RemoveAll(const std::string& path);

@@ -3,6 +3,7 @@
 #include "formats/file_util.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -90,6 +91,57 @@ TEST(FileUtil, ReadingADirectoryIsAnErrorNamingIt) {
   EXPECT_EQ(s.status().code(), StatusCode::kIOError);
   EXPECT_TRUE(Contains(s.status().message(), dir)) << s.status().ToString();
   EXPECT_TRUE(Contains(s.status().message(), "is a directory")) << s.status().ToString();
+}
+
+TEST(FileUtil, AFifoOrADeviceIsRefusedWithoutWaiting) {
+  // Opening a FIFO for reading waits for a writer: a FIFO named like an
+  // image hung the packer for good.
+  ScratchDir d;
+  const std::string fifo = d / "pipe.jpg";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& p : {fifo, std::string("/dev/zero")}) {
+    std::vector<uint8_t> out;
+    Status s = ReadFileInto(p, &out);
+    EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), p + ": it is a")) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "not a regular file")) << s.ToString();
+  }
+  EXPECT_FALSE(FileBytes::Map(fifo).ok());
+}
+
+TEST(FileUtil, AFileOverTheReadersLimitIsRefusedBeforeAllocating) {
+  ScratchDir d;
+  WriteText(d / "big", std::string(1000, 'x'));
+  Result<std::string> s = ReadFileToString(d / "big", 999);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.status().message(), "1000 bytes, more than the 999")) << s.status().ToString();
+  EXPECT_EQ(ReadFileToString(d / "big", 1000)->size(), 1000u);
+}
+
+TEST(FileUtil, WhatIsCreatedIsTheUsersOnly) {
+  ScratchDir d;
+  const mode_t old = ::umask(022);
+  ASSERT_TRUE(MakeDirs(d / "a/b/c").ok());
+  ASSERT_TRUE(WriteFile(d / "a/f", "x", 1).ok());
+  ASSERT_TRUE(WriteFileAtomically(d / "a/g", "y").ok());
+  ASSERT_TRUE(CreatePrivateFile(d / "a/h").ok());
+  ::umask(old);
+  auto mode = [](const std::string& p) {
+    struct stat st {};
+    EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 0777;
+  };
+  for (const char* p : {"a", "a/b", "a/b/c"}) EXPECT_EQ(mode(d / p), 0700u) << p;
+  for (const char* p : {"a/f", "a/g", "a/h"}) EXPECT_EQ(mode(d / p), 0600u) << p;
+  // A file its owner opened to others stays open when replaced.
+  ASSERT_EQ(::chmod((d / "a/g").c_str(), 0644), 0);
+  ASSERT_TRUE(WriteFileAtomically(d / "a/g", "z").ok());
+  EXPECT_EQ(mode(d / "a/g"), 0644u);
+  // An existing directory keeps its mode; a file in the way is an error.
+  ASSERT_EQ(::chmod((d / "a").c_str(), 0755), 0);
+  ASSERT_TRUE(MakeDirs(d / "a/b").ok());
+  EXPECT_EQ(mode(d / "a"), 0755u);
+  EXPECT_FALSE(MakeDirs(d / "a/f/x").ok());
 }
 
 TEST(FileUtil, WriteFileWritesAndTruncates) {

@@ -222,34 +222,76 @@ Result<uint64_t> GetCount(const json& obj, const char* field, const std::string&
 
 Result<Manifest> ManifestFromJson(const std::string& text, const std::string& where) {
   Manifest m;
+  std::string field = "the document";  // what is being read, for a type error's message
   try {
     json j = MapStrings(json::parse(text), UnescapeManifestString);
+    if (!j.is_object()) {
+      return Status::Corruption(where + ": invalid manifest: it must be a JSON object, not " +
+                                std::string(j.type_name()));
+    }
+    field = "format_version";
     m.format_version = j.at("format_version").get<int>();
     if (m.format_version != kManifestFormatVersion) {
       return Status::Corruption(
           where + ": manifest format_version " + std::to_string(m.format_version) +
           " is not supported (this build reads " + std::to_string(kManifestFormatVersion) + ")");
     }
+    field = "source";
     const json& src = j.at("source");
     m.source_kind = src.at("kind").get<std::string>();
     m.source_path = src.at("path").get<std::string>();
     m.label_kind = src.value("label_kind", "");
+    field = "classes";
     m.classes = j.at("classes").get<std::vector<std::string>>();
     if (m.classes.empty()) {
       return Status::Corruption(where +
                                 ": the manifest's class list is empty (labels could not "
                                 "be checked)");
     }
-    for (const auto& [name, js] : j.at("splits").items()) {
+    if (m.classes.size() >= UINT32_MAX) {  // labels are 32-bit
+      return Status::Corruption(where + ": the manifest lists " + std::to_string(m.classes.size()) +
+                                " classes, more than 32-bit labels can name");
+    }
+    field = "splits";
+    const json& splits = j.at("splits");
+    if (!splits.is_object()) {
+      return Status::Corruption(where + ": invalid manifest: splits must be an object, not " +
+                                std::string(splits.type_name()));
+    }
+    for (const auto& [name, js] : splits.items()) {
       SplitInfo s;
       const std::string at_split = where + ": split '" + name + "'";
+      field = "splits." + name;
       s.source = js.value("source", "");
       NL_ASSIGN_OR_RETURN(s.num_samples, GetCount(js, "num_samples", at_split));
+      field = "splits." + name + ".encoding";
       s.encoding = js.at("encoding").get<std::string>();
-      if (!js.at("shape").is_null()) s.shape = js.at("shape").get<std::array<uint32_t, 3>>();
-      for (const auto& jsh : js.at("shards")) {
+      field = "splits." + name + ".shape";
+      if (!js.at("shape").is_null()) {
+        s.shape = js.at("shape").get<std::array<uint32_t, 3>>();
+        const json& sj = js.at("shape");
+        // [height, width, 3], each side in the record's bounds (1 .. 2^20).
+        for (int i = 0; i < 2; ++i) {
+          if (!sj[i].is_number_unsigned() || sj[i].get<uint64_t>() < 1 ||
+              sj[i].get<uint64_t>() > (1u << 20)) {
+            return Status::Corruption(at_split + " shape " + sj.dump() +
+                                      ": height and width must be 1 .. 1048576");
+          }
+        }
+        if (!sj[2].is_number_unsigned() || sj[2].get<uint64_t>() != 3) {
+          return Status::Corruption(at_split + " shape " + sj.dump() + ": channels must be 3");
+        }
+      }
+      field = "splits." + name + ".shards";
+      const json& shards = js.at("shards");
+      if (!shards.is_array()) {
+        return Status::Corruption(at_split + ": shards must be an array, not " +
+                                  std::string(shards.type_name()));
+      }
+      for (const auto& jsh : shards) {
         ShardInfo sh;
         const std::string at_shard = at_split + " shard " + std::to_string(s.shards.size());
+        field = "splits." + name + ".shards[" + std::to_string(s.shards.size()) + "]";
         sh.path = jsh.at("path").get<std::string>();
         NL_ASSIGN_OR_RETURN(sh.first_index, GetCount(jsh, "first_index", at_shard));
         NL_ASSIGN_OR_RETURN(sh.count, GetCount(jsh, "count", at_shard));
@@ -257,6 +299,7 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
         sh.checksum = jsh.at("checksum").get<std::string>();
         s.shards.push_back(std::move(sh));
       }
+      field = "splits." + name + ".skipped";
       for (const auto& jf : js.value("skipped", json::array())) {
         s.skipped.push_back({jf.at("path").get<std::string>(), jf.at("reason").get<std::string>()});
       }
@@ -264,14 +307,15 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
       m.splits.emplace(name, std::move(s));
     }
   } catch (const json::exception& e) {
-    return Status::Corruption(where + ": invalid manifest: " + e.what());
+    return Status::Corruption(where + ": invalid manifest, at " + field + ": " + e.what());
   }
   return m;
 }
 
 Result<Manifest> LoadManifest(const std::string& root) {
   const std::string path = root + "/" + kManifestFileName;
-  NL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  // 256 MiB: a manifest is a few hundred bytes per shard and per skipped file.
+  NL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, uint64_t{256} << 20));
   return ManifestFromJson(text, path);
 }
 

@@ -1,5 +1,6 @@
 #include "formats/shard.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -48,7 +50,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
                                                          const std::string& rel_path,
                                                          uint64_t first_index) {
   const std::string dir = root + "/" + rel_path;
-  if (::mkdir(dir.c_str(), 0755) != 0)
+  if (::mkdir(dir.c_str(), 0700) != 0)
     return Status::FromErrno("cannot create shard " + dir, errno);
   std::unique_ptr<ShardWriter> w(new ShardWriter());
   w->root_ = root;
@@ -60,7 +62,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& root
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, kInitialMapSize), "mdb_env_set_mapsize"));
   w->map_size_ = kInitialMapSize;
   // One writer, no readers while packing: no lock file needed.
-  const int rc = mdb_env_open(env, dir.c_str(), MDB_NOLOCK | MDB_NOSYNC, 0644);
+  const int rc = mdb_env_open(env, dir.c_str(), MDB_NOLOCK | MDB_NOSYNC, 0600);
   if (rc == ENOMEM) {
     const std::string limit = AddressSpaceLimitNote();
     return Status::ResourceExhausted(
@@ -301,6 +303,132 @@ void UnregisterMap(int slot) {
   g_mapped[slot].begin.store(0, std::memory_order_release);
 }
 
+
+// LMDB trusts its pages: a damaged node offset or size in a branch or leaf
+// page makes it read outside the page, the file or the map (SIGBUS,
+// SIGSEGV) before any value reaches us. So, before LMDB walks a shard, its
+// tree is walked here with every such field checked, reading pages with
+// pread (never through a map). Layout of LMDB 0.9 (lmdb.h, mdb.c): a 16-byte
+// page header {pgno u64, pad u16, flags u16, lower u16, upper u16}, then
+// u16 node offsets; a node {lo u16, hi u16, flags u16, ksize u16, key, data};
+// the meta page's MDB_meta at byte 16, the main database's MDB_db at 88.
+class TreeCheck {
+ public:
+  TreeCheck(int fd, uint32_t psize, uint64_t pages) : fd_(fd), psize_(psize), pages_(pages) {}
+
+  // Walks the main database from the meta page of transaction `txnid`;
+  // `entries` is what LMDB's stat says the tree holds.
+  Status Run(uint64_t txnid, uint64_t entries) {
+    uint64_t root = kNoPage;
+    uint16_t depth = 0;
+    std::vector<uint8_t> meta(psize_);
+    for (uint64_t m = 0; m < 2; ++m) {
+      NL_RETURN_IF_ERROR(ReadPage(m, &meta));
+      if (Get<uint64_t>(meta, 144) != txnid) continue;  // mm_txnid
+      depth = Get<uint16_t>(meta, 88 + 6);               // md_depth
+      root = Get<uint64_t>(meta, 88 + 40);               // md_root
+    }
+    if (root == kNoPage) {
+      if (entries == 0) return Status::Ok();
+      return Bad("its meta pages do not name the tree's root");
+    }
+    if (depth == 0 || depth > kMaxDepth) return Bad("tree depth " + std::to_string(depth));
+    uint64_t found = 0;
+    NL_RETURN_IF_ERROR(Walk(root, depth, &found));
+    if (found != entries) {
+      return Bad("its tree holds " + std::to_string(found) + " records, its meta page says " +
+                 std::to_string(entries));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static constexpr uint64_t kNoPage = ~uint64_t{0};
+  static constexpr uint16_t kMaxDepth = 32;
+  static constexpr uint16_t kBranch = 0x01, kLeaf = 0x02;
+  static constexpr uint16_t kBigData = 0x01, kSubData = 0x02, kDupData = 0x04;
+
+  template <typename T>
+  static T Get(const std::vector<uint8_t>& page, size_t off) {
+    T v;
+    std::memcpy(&v, page.data() + off, sizeof v);
+    return v;
+  }
+  static Status Bad(const std::string& why) {
+    return Status::Corruption("its LMDB tree is damaged: " + why);
+  }
+
+  Status ReadPage(uint64_t pgno, std::vector<uint8_t>* page) const {
+    size_t got = 0;
+    while (got < psize_) {
+      const ssize_t n = ::pread(fd_, page->data() + got, psize_ - got,
+                                static_cast<off_t>(pgno * psize_ + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::FromErrno("reading page " + std::to_string(pgno), errno);
+      if (n == 0) return Bad("page " + std::to_string(pgno) + " lies past the end of the file");
+      got += static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
+
+  Status Walk(uint64_t pgno, uint16_t depth, uint64_t* found) {
+    const std::string at = "page " + std::to_string(pgno);
+    if (pgno < 2 || pgno >= pages_) return Bad(at + " is outside the file's pages");
+    std::vector<uint8_t> page(psize_);
+    NL_RETURN_IF_ERROR(ReadPage(pgno, &page));
+    if (Get<uint64_t>(page, 0) != pgno) return Bad(at + " says it is page " +
+                                                   std::to_string(Get<uint64_t>(page, 0)));
+    const uint16_t flags = Get<uint16_t>(page, 10), lower = Get<uint16_t>(page, 12),
+                   upper = Get<uint16_t>(page, 14);
+    const bool leaf = depth == 1;
+    if (flags != (leaf ? kLeaf : kBranch)) {
+      return Bad(at + " has flags " + std::to_string(flags) + ", expected a " +
+                 (leaf ? "leaf" : "branch") + " page");
+    }
+    if (lower < 16 || lower > upper || upper > psize_ || (lower - 16) % 2 != 0) {
+      return Bad(at + " has free-space bounds " + std::to_string(lower) + ".." +
+                 std::to_string(upper));
+    }
+    const size_t n = (lower - 16) / 2;
+    if (n == 0) return Bad(at + " is empty");
+    for (size_t i = 0; i < n; ++i) {
+      const size_t off = Get<uint16_t>(page, 16 + 2 * i);
+      const std::string node = at + " node " + std::to_string(i);
+      if (off < upper || off + 8 > psize_) return Bad(node + " lies outside the page's nodes");
+      const uint32_t lo = Get<uint16_t>(page, off), hi = Get<uint16_t>(page, off + 2);
+      const uint16_t nflags = Get<uint16_t>(page, off + 4), ksize = Get<uint16_t>(page, off + 6);
+      if (off + 8 + ksize > psize_) return Bad(node + "'s key runs past the page");
+      if (leaf) {
+        const size_t data = off + 8 + ksize;
+        if (nflags & (kSubData | kDupData)) return Bad(node + " is a sub-database (flags " +
+                                                       std::to_string(nflags) + ")");
+        if (nflags & kBigData) {
+          if (data + 8 > psize_) return Bad(node + "'s overflow page number runs past the page");
+          uint64_t first;
+          std::memcpy(&first, page.data() + data, 8);
+          const uint64_t size = lo | (uint64_t{hi} << 16);
+          const uint64_t span = (size + 16 + psize_ - 1) / psize_;
+          if (first < 2 || first >= pages_ || span > pages_ - first) {
+            return Bad(node + "'s value (" + std::to_string(size) + " bytes at page " +
+                       std::to_string(first) + ") lies outside the file");
+          }
+        } else if (data + (lo | (uint64_t{hi} << 16)) > psize_) {
+          return Bad(node + "'s value runs past the page");
+        }
+        ++*found;
+      } else {
+        const uint64_t child = lo | (uint64_t{hi} << 16) | (uint64_t{nflags} << 32);
+        NL_RETURN_IF_ERROR(Walk(child, static_cast<uint16_t>(depth - 1), found));
+      }
+    }
+    return Status::Ok();
+  }
+
+  int fd_;
+  uint32_t psize_;
+  uint64_t pages_;
+};
+
 }  // namespace
 
 ShardReader::~ShardReader() {
@@ -313,7 +441,27 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   const std::string dir = root + "/" + info.path;
   const std::string data = dir + "/data.mdb";
   const std::string what = "cannot open shard " + info.path + " (" + data + ")";
-  NL_ASSIGN_OR_RETURN(uint64_t size, FileSize(data));
+  struct stat fst {};
+  if (::stat(data.c_str(), &fst) != 0) return Status::FromErrno(what, errno);
+  if (!S_ISREG(fst.st_mode)) {
+    return Status::Corruption(what + ": data.mdb is not a regular file");
+  }
+  const uint64_t size = static_cast<uint64_t>(fst.st_size);
+  // No path of the manifest leaves the shard set: its text was checked when
+  // the manifest was read; here, where it leads through symbolic links.
+  {
+    char* real_root = ::realpath(root.c_str(), nullptr);
+    char* real_data = ::realpath(data.c_str(), nullptr);
+    const std::string rr = real_root ? real_root : "", rd = real_data ? real_data : "";
+    std::free(real_root);
+    std::free(real_data);
+    if (rr.empty() || rd.empty()) return Status::FromErrno(what + ": cannot resolve its path", errno);
+    if (!PathIsWithin(rd, rr)) {
+      return Status::Corruption(what + ": it leads to " + rd + ", outside the shard set " + rr +
+                                " (through a symbolic link); a shard set's files stay in its "
+                                "directory");
+    }
+  }
   // Pages past the end of the file would be mapped but not backed: touching
   // them raises SIGBUS. So the size is checked before LMDB reads any page.
   if (size == 0) {
@@ -348,6 +496,13 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                               ", " + std::to_string(es.ms_psize) + "-byte pages) ends at byte " +
                               std::to_string(needed) + ": the shard is truncated");
   }
+  {
+    const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(what, errno);
+    const Status tree = TreeCheck(fd, es.ms_psize, size / es.ms_psize).Run(ei.me_last_txnid, es.ms_entries);
+    ::close(fd);
+    if (!tree.ok()) return Status::Corruption(what + ": " + tree.message());
+  }
   r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
@@ -355,14 +510,41 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &r->dbi_), what));
   MDB_stat st{};
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_stat(t, r->dbi_, &st), what));
+  // The count comes from the meta page, unchecked by LMDB; readers size
+  // arrays by it (through the manifest's count, which must equal it). Each
+  // entry takes at least a node header and its 8-byte key in a page.
+  if (st.ms_entries > size / 16) {
+    return Status::Corruption(what + ": data.mdb claims " + std::to_string(st.ms_entries) +
+                              " records, more than its " + std::to_string(size) +
+                              " bytes can hold: the shard is damaged");
+  }
   r->entries_ = st.ms_entries;
+  // Where LMDB mapped the file (LMDB does not say: me_mapaddr is only set for
+  // MDB_FIXEDMAP), as found for the SIGBUS handler in /proc/self/maps.
+  if (r->map_slot_ >= 0) {
+    r->map_ = reinterpret_cast<const uint8_t*>(g_mapped[r->map_slot_].begin.load());
+  }
+  r->file_bytes_ = size;
   return r;
 }
 
 Result<ShardReader::ReadTxn> ShardReader::BeginRead() const {
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &t)));
-  return ReadTxn(LmdbTxn(t), dbi_);
+  return ReadTxn(LmdbTxn(t), dbi_, map_, file_bytes_);
+}
+
+Status ShardReader::ReadTxn::CheckInFile(const MDB_val& v, const char* what) const {
+  const auto* p = static_cast<const uint8_t*>(v.mv_data);
+  const uint64_t off = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p) -
+                                             reinterpret_cast<uintptr_t>(map_));
+  if (map_ == nullptr) return Status::Ok();  // not found in /proc/self/maps: cannot tell
+  if (p < map_ || off > file_bytes_ || v.mv_size > file_bytes_ - off) {
+    return Status::Corruption(std::string("LMDB gives a ") + what + " of " +
+                              std::to_string(v.mv_size) + " bytes that does not lie in data.mdb (" +
+                              std::to_string(file_bytes_) + " bytes): the shard is damaged");
+  }
+  return Status::Ok();
 }
 
 Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const {
@@ -372,6 +554,7 @@ Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const
   const int rc = mdb_get(txn_.get(), dbi_, &k, &v);
   if (rc == MDB_NOTFOUND) return Status::Corruption("record missing");
   NL_RETURN_IF_ERROR(LmdbStatus(rc));
+  NL_RETURN_IF_ERROR(CheckInFile(v, "value"));
   return std::span<const uint8_t>(static_cast<const uint8_t*>(v.mv_data), v.mv_size);
 }
 
@@ -382,6 +565,8 @@ Status ShardReader::ReadTxn::ForEach(const std::function<Status(const Entry&)>& 
   MDB_val k, v;
   int rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
   while (rc == MDB_SUCCESS) {
+    NL_RETURN_IF_ERROR(CheckInFile(k, "key"));
+    NL_RETURN_IF_ERROR(CheckInFile(v, "value"));
     Entry e;
     e.key_size = k.mv_size;
     if (k.mv_size == 8) e.index = DecodeKey(static_cast<const unsigned char*>(k.mv_data));

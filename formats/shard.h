@@ -100,9 +100,16 @@ class ShardReader {
 
    private:
     friend class ShardReader;
-    ReadTxn(LmdbTxn txn, MDB_dbi dbi) : txn_(std::move(txn)), dbi_(dbi) {}
+    ReadTxn(LmdbTxn txn, MDB_dbi dbi, const uint8_t* map, uint64_t file_bytes)
+        : txn_(std::move(txn)), dbi_(dbi), map_(map), file_bytes_(file_bytes) {}
+    // A key or value LMDB hands back must lie in the file's bytes: LMDB takes
+    // a value's size from its page unchecked, so a damaged page can point past
+    // the file's end (SIGBUS) or the map's (SIGSEGV).
+    Status CheckInFile(const MDB_val& v, const char* what) const;
     LmdbTxn txn_;
     MDB_dbi dbi_ = 0;
+    const uint8_t* map_ = nullptr;
+    uint64_t file_bytes_ = 0;
   };
   Result<ReadTxn> BeginRead() const;
 
@@ -112,6 +119,8 @@ class ShardReader {
   LmdbEnv env_;
   MDB_dbi dbi_ = 0;
   uint64_t entries_ = 0;
+  const uint8_t* map_ = nullptr;  // LMDB's map of data.mdb
+  uint64_t file_bytes_ = 0;       // data.mdb's size when opened
   int map_slot_ = -1;  // in the SIGBUS handler's table of maps
 };
 

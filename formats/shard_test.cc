@@ -1,11 +1,14 @@
 #include "formats/shard.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "formats/file_util.h"
 #include "tests/support/test_util.h"
@@ -237,6 +240,131 @@ TEST(Shard, ManifestCountMustMatchTheShard) {
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
   EXPECT_EQ(s.message(),
             "split 'train': num_samples is 9223372036854775808 but its shards hold 7 records");
+}
+
+// Byte-level edits of a written data.mdb (LMDB 0.9's layout: see TreeCheck
+// in shard.cc), as a damaged disk or a hostile file would make them.
+class RawShard {
+ public:
+  explicit RawShard(std::string path) : path_(std::move(path)) { bytes_ = *ReadFileBytes(path_); }
+  template <typename T>
+  T Get(size_t off) const {
+    T v;
+    std::memcpy(&v, bytes_.data() + off, sizeof v);
+    return v;
+  }
+  template <typename T>
+  void Set(size_t off, T v) {
+    std::memcpy(bytes_.data() + off, &v, sizeof v);
+  }
+  // The meta page LMDB uses (the higher transaction id) and the tree's root page.
+  size_t Meta() const { return Get<uint64_t>(4096 + 144) > Get<uint64_t>(144) ? 4096 : 0; }
+  size_t Root() const { return Get<uint64_t>(Meta() + 128) * 4096; }
+  void Save() const { ASSERT_TRUE(WriteFile(path_, bytes_.data(), bytes_.size()).ok()); }
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> bytes_;
+};
+
+// Records of 3,000 bytes: each in its own overflow pages, as images are.
+Manifest WriteBigRecords(const std::string& root, uint64_t n) {
+  Manifest m;
+  m.source_kind = "imagefolder";
+  m.classes = {"a"};
+  SplitInfo s;
+  s.encoding = "raw";
+  EXPECT_TRUE(MakeDirs(root + "/train").ok());
+  auto w = ShardWriter::Create(root, "train/shard-0", 0);
+  for (uint64_t i = 0; i < n; ++i) {
+    std::vector<uint8_t> px(1000 * 3, static_cast<uint8_t>(i)), rec;
+    RecordHeader h;
+    h.width = 1000;
+    h.height = 1;
+    EncodeRecord(h, px, &rec);
+    EXPECT_TRUE((*w)->Put(i, rec).ok());
+  }
+  s.shards.push_back(*(*w)->Finish());
+  s.num_samples = n;
+  m.splits["train"] = s;
+  return m;
+}
+
+TEST(Shard, AValueSizePastTheFileIsCorruptionNotASignal) {
+  // LMDB takes a value's size from its leaf node unchecked: 64 MiB here,
+  // in a file of a few pages, made it read past the file's end (SIGBUS).
+  testing::ScratchDir dir;
+  Manifest m = WriteBigRecords(dir.path(), 4);
+  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
+  const size_t root = raw.Root();
+  ASSERT_EQ(raw.Get<uint16_t>(root + 10), 2) << "the root is a leaf page";
+  const size_t node = root + raw.Get<uint16_t>(root + 16);  // the first node
+  ASSERT_EQ(raw.Get<uint16_t>(node + 4) & 1, 1) << "its value is in overflow pages";
+  raw.Set<uint16_t>(node + 2, 0x400);  // size's high half: 64 MiB
+  raw.Save();
+  Result<std::unique_ptr<SplitReader>> r = SplitReader::Open(dir.path(), m, "train");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("shard train/shard-0"), std::string::npos);
+  EXPECT_NE(r.status().message().find("lies outside the file"), std::string::npos)
+      << r.status().ToString();
+}
+
+TEST(Shard, ANodeOffsetOutsideItsPageIsCorruption) {
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {20});
+  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
+  raw.Set<uint16_t>(raw.Root() + 16, 0xFFF0);
+  raw.Save();
+  Status s = SplitReader::Open(dir.path(), m, "train").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("node 0 lies outside the page's nodes"), std::string::npos)
+      << s.ToString();
+}
+
+TEST(Shard, AnEntryCountTheFileCannotHoldIsCorruption) {
+  // The meta page's count (2^40) with a manifest that agrees: readers
+  // sized their index arrays by it (an 8 TiB allocation).
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {20});
+  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
+  raw.Set<uint64_t>(120, uint64_t{1} << 40);
+  raw.Set<uint64_t>(4096 + 120, uint64_t{1} << 40);
+  raw.Save();
+  m.splits["train"].shards[0].count = m.splits["train"].num_samples = uint64_t{1} << 40;
+  Status s = SplitReader::Open(dir.path(), m, "train").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("its tree holds 20 records, its meta page says 1099511627776"),
+            std::string::npos)
+      << s.ToString();
+}
+
+TEST(Shard, AShardLinkedFromOutsideTheSetIsRefused) {
+  testing::ScratchDir dir, elsewhere;
+  Manifest m = WriteShards(dir.path(), {3});
+  const std::string shard = dir.path() + "/train/shard-0";
+  ASSERT_EQ(std::rename(shard.c_str(), (elsewhere.path() + "/s").c_str()), 0);
+  ASSERT_EQ(::symlink((elsewhere.path() + "/s").c_str(), shard.c_str()), 0);
+  Status s = SplitReader::Open(dir.path(), m, "train").status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("outside the shard set"), std::string::npos) << s.ToString();
+  // A link that stays inside the set is fine.
+  ASSERT_EQ(::unlink(shard.c_str()), 0);
+  ASSERT_EQ(std::rename((elsewhere.path() + "/s").c_str(), (dir.path() + "/moved").c_str()), 0);
+  ASSERT_EQ(::symlink("../moved", shard.c_str()), 0);
+  EXPECT_TRUE(SplitReader::Open(dir.path(), m, "train").ok());
+}
+
+TEST(Shard, WrittenFilesAreTheUsersOnly) {
+  testing::ScratchDir dir;
+  const mode_t old = ::umask(022);
+  WriteShards(dir.path(), {3});
+  ::umask(old);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir.path() + "/train/shard-0").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((dir.path() + "/train/shard-0/data.mdb").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 TEST(ShardDeathTest, TruncatedUnderAReaderNamesTheShard) {

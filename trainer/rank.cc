@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "formats/file_util.h"
 #include "formats/manifest.h"
 #include "loader/pipeline/pipeline.h"
 #include "loader/plan/affinity.h"
@@ -138,6 +139,7 @@ void WriteAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   TempFileGuard guard(tmp);
   {
+    if (nl::Status s = nl::CreatePrivateFile(tmp); !s.ok()) throw RankError(s.message());
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     f.flush();
@@ -1373,6 +1375,9 @@ int Rank::Run() {
     if (!p_.launched_by_us) lock_ = Take(LockOutputs(o_), "cannot lock the outputs");
     RemoveStaleTemporaries();
     if (!o_.metrics_out.empty()) {
+      if (nl::Status s = nl::CreatePrivateFile(o_.metrics_out); !s.ok()) {
+        throw RankError("cannot write --metrics-out: " + s.message());
+      }
       metrics_ = std::fopen(o_.metrics_out.c_str(), o_.resume.empty() ? "w" : "a");
       if (!metrics_) throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
     }

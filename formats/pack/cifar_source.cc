@@ -126,7 +126,7 @@ Result<CifarFiles> ReadCifar100(const std::string& src) {
       const std::string p = src + "/" + kNames[i];
       if (!PathExists(p)) continue;
       found[i] = true;
-      if (i >= 2) NL_RETURN_IF_ERROR(ReadFileInto(p, files[i]));
+      if (i >= 2) NL_RETURN_IF_ERROR(ReadFileInto(p, files[i], kMaxMemberBytes[i]));
     }
     if (found[0]) {
       NL_ASSIGN_OR_RETURN(f.train, FileBytes::Map(src + "/train.bin"));

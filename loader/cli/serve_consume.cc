@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "formats/file_util.h"
 #include "formats/parse_number.h"
 #include "formats/worker_pool.h"
 #include "loader/plan/affinity.h"
@@ -208,6 +209,7 @@ int RunConsume(const ConsumeArgs& a) {
   InstallStopHandlers();
   std::ofstream dump;
   if (!a.dump.empty()) {
+    if (Status s = CreatePrivateFile(a.dump); !s.ok()) return Fail(tool, s);
     dump.open(a.dump, std::ios::binary | std::ios::trunc);
     if (!dump) return Fail(tool, Status::FromErrno("opening --dump " + a.dump, errno));
   }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -82,6 +83,10 @@ Result<std::unique_ptr<RingProducer>> RingProducer::Create(const RingSpec& spec)
   const std::string memfd_name = "numa_loader:" + spec.job_id + "/" + std::to_string(spec.rank);
   m.memfd = Fd(::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!m.memfd.valid()) return Status::FromErrno("memfd_create for the ring", errno);
+  // The segment's inode is the user's only (memfd_create makes it 0777; it
+  // is reached through the socket, whose peer's uid is checked, or through
+  // /proc/<pid>/fd, which the mode then also closes).
+  if (::fchmod(m.memfd.get(), 0600) != 0) return Status::FromErrno("fchmod of the ring", errno);
   if (::ftruncate(m.memfd.get(), static_cast<off_t>(g.total_bytes)) != 0) {
     return Status::FromErrno("sizing the ring to " + std::to_string(g.total_bytes) + " bytes",
                              errno);
