@@ -231,29 +231,34 @@ wait_gone() {
   return 255
 }
 
-start_long k_rank
-R2=$(rank_pid "$LP" 2)
-kill -9 "$R2"
-wait_gone "$LP" 30
-check_rc $? 1 "kill -9 rank 2: the launcher exits 1 within 30 s (${SECS} s)"
-if grep -Eq "^trainer: rank 2 failed \(killed by signal 9\); (stopped ranks 0, 1 and 3|rank)" "$W/k_rank.out"; then
-  ok "naming rank 2 and its cause"
-else
-  fail "kill -9 rank 2: $(tail -3 "$W/k_rank.out")"
-fi
-nothing_left "trainer-$PORT-" "after kill -9 of a rank"
+# Every rank and every loader service of a 4-rank job, killed in turn.
+for r in 0 1 2 3; do
+  start_long "k_rank$r"
+  RP=$(rank_pid "$LP" "$r")
+  kill -9 "$RP"
+  wait_gone "$LP" 30
+  check_rc $? 1 "kill -9 rank $r: the launcher exits 1 within 30 s (${SECS} s)"
+  if grep -Eq "^trainer: rank $r failed \(killed by signal 9\)" "$W/k_rank$r.out"; then
+    ok "naming rank $r and its cause"
+  else
+    fail "kill -9 rank $r: $(tail -3 "$W/k_rank$r.out")"
+  fi
+  nothing_left "trainer-$PORT-" "after kill -9 of rank $r"
+done
 
-start_long k_serve
-S1=$(pgrep -f -- "loader serve .*--job-id trainer-$PORT-[0-9]* --rank 1 ")
-kill -9 "$S1"
-wait_gone "$LP" 30
-check_rc $? 1 "kill -9 rank 1's loader service: the launcher exits 1 within 30 s (${SECS} s)"
-if grep -q "rank 1 failed (exit status 1: trainer rank 1: error: its loader service (pid $S1)" "$W/k_serve.out"; then
-  ok "naming rank 1 and its loader service"
-else
-  fail "kill -9 of a loader service: $(tail -3 "$W/k_serve.out")"
-fi
-nothing_left "trainer-$PORT-" "after kill -9 of a loader service"
+for r in 0 1 2 3; do
+  start_long "k_serve$r"
+  S=$(pgrep -f -- "loader serve .*--job-id trainer-$PORT-[0-9]* --rank $r ")
+  kill -9 "$S"
+  wait_gone "$LP" 30
+  check_rc $? 1 "kill -9 rank $r's loader service: the launcher exits 1 within 30 s (${SECS} s)"
+  if grep -q "rank $r failed (exit status 1: trainer rank $r: error: its loader service (pid $S)" "$W/k_serve$r.out"; then
+    ok "naming rank $r and its loader service"
+  else
+    fail "kill -9 of rank $r's loader service: $(tail -3 "$W/k_serve$r.out")"
+  fi
+  nothing_left "trainer-$PORT-" "after kill -9 of rank $r's loader service"
+done
 
 start_long k_launcher
 kill -9 "$LP"

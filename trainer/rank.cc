@@ -301,8 +301,10 @@ class ServiceSource : public BatchSource {
         }
       }
       if (exited && WIFSIGNALED(e.status)) {
-        throw RankError("its loader service (pid " + std::to_string(pid_) + ") was " + e.Describe() +
-                        " while the rank waited for a batch");
+        // What it said before it died (its SIGBUS handler names the shard cut under it).
+        throw RankError(WithTail("its loader service (pid " + std::to_string(pid_) + ") was " +
+                                     e.Describe() + " while the rank waited for a batch",
+                                 ServeLogSummary(log_.get())));
       }
       throw RankError("its loader service (pid " + std::to_string(pid_) + ")" +
                       (exited ? " (" + e.Describe() + ")" : "") + ": " + r.status().ToString());

@@ -20,7 +20,8 @@ exception, no half-written output, no shared-memory segment left, and no
 more memory than a small image needs (a bomb must be refused from its
 header).
 
-Usage: corpus.py BIN_DIR SCRATCH [--report FILE.md] [--only SUBSTRING] [--show]
+Usage: corpus.py BIN_DIR SCRATCH [--report FILE.md] [--detail FILE.md] [--only SUBSTRING] [--show]
+  --report: the summary table (per input family); --detail: one row per run.
   BIN_DIR holds pack_tool, loader and loader_bench (an ASan build works).
   --show prints every run's output. Exit 0 when every check holds.
 """
@@ -32,6 +33,7 @@ from PIL import Image
 
 BIN, SCRATCH = sys.argv[1], os.path.abspath(sys.argv[2])
 REPORT = sys.argv[sys.argv.index("--report") + 1] if "--report" in sys.argv else None
+DETAIL = sys.argv[sys.argv.index("--detail") + 1] if "--detail" in sys.argv else None
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 SHOW = "--show" in sys.argv
 PT, LOADER, LB = (os.path.join(BIN, p) for p in ("pack_tool", "loader", "loader_bench"))
@@ -803,7 +805,9 @@ if __name__ == "__main__":
     summary, detail, total = report()
     print(summary)
     if REPORT:
-        open(REPORT, "w").write(summary + "\n\n" + detail + "\n")
+        open(REPORT, "w").write(summary + "\n")
+    if DETAIL:
+        open(DETAIL, "w").write(detail + "\n")
     for f in failures:
         print("FAIL - " + f)
     print("%d inputs, %d runs, %d failed, %.0f s" % (total, len(rows), len(failures), time.time() - t0))
