@@ -918,8 +918,8 @@ std::vector<std::string> ServeOptionsGiven(const CLI::App& app) {
     const std::string name = o->get_name();
     const CLI::Option* given = app.get_option_no_throw(name);
     if (given == nullptr || given->count() == 0) continue;
-    if (given->get_expected_max() == 0) {  // a flag (its results are "true")
-      out.push_back(name);
+    if (given->get_expected_max() == 0) {  // a flag: passed on when it is on (not --flag=false)
+      if (given->as<bool>()) out.push_back(name);
       continue;
     }
     for (const std::string& v : given->results()) {

@@ -159,19 +159,28 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
 }
 
 Status MakeDirs(const std::string& dir) {
-  // Each missing component made 0700 (std::filesystem would make it 0777
-  // less the umask); existing ones are left as they are.
-  std::string prefix;
-  const fs::path p = fs::path(dir).lexically_normal();
-  for (const fs::path& part : p) {
-    if (part.empty()) continue;
-    prefix = prefix.empty() ? part.string() : (fs::path(prefix) / part).string();
+  if (dir.empty()) return Status::IOError("cannot create directory: the path is empty");
+  // The missing components, each made 0700 (std::filesystem would make them
+  // 0777 less the umask); existing ones are left as they are and never
+  // mkdir'ed (on autofs a mkdir of a mount point not yet mounted fails).
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return Status::Ok();
+    return Status::FromErrno("cannot create directory " + dir, ENOTDIR);
+  }
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    const std::string prefix = dir.substr(0, pos);
+    if (prefix.empty() || prefix.back() == '/') continue;
+    if (::stat(prefix.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) continue;
+      return Status::FromErrno("cannot create directory " + dir + " (at " + prefix + ")", ENOTDIR);
+    }
     if (::mkdir(prefix.c_str(), 0700) == 0) continue;
     const int e = errno;
-    struct stat st {};
-    if (e == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
-    return Status::FromErrno("cannot create directory " + dir + " (at " + prefix + ")",
-                             e == EEXIST ? ENOTDIR : e);
+    if (e == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;  // a race
+    return Status::FromErrno("cannot create directory " + dir + " (at " + prefix + ")", e);
   }
   return Status::Ok();
 }

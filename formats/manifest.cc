@@ -268,8 +268,11 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
       s.encoding = js.at("encoding").get<std::string>();
       field = "splits." + name + ".shape";
       if (!js.at("shape").is_null()) {
-        s.shape = js.at("shape").get<std::array<uint32_t, 3>>();
         const json& sj = js.at("shape");
+        if (!sj.is_array() || sj.size() != 3) {
+          return Status::Corruption(at_split + " shape " + sj.dump() +
+                                    ": must be [height, width, 3] or null");
+        }
         // [height, width, 3], each side in the record's bounds (1 .. 2^20).
         for (int i = 0; i < 2; ++i) {
           if (!sj[i].is_number_unsigned() || sj[i].get<uint64_t>() < 1 ||
@@ -281,6 +284,7 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
         if (!sj[2].is_number_unsigned() || sj[2].get<uint64_t>() != 3) {
           return Status::Corruption(at_split + " shape " + sj.dump() + ": channels must be 3");
         }
+        s.shape = sj.get<std::array<uint32_t, 3>>();
       }
       field = "splits." + name + ".shards";
       const json& shards = js.at("shards");

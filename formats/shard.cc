@@ -268,7 +268,11 @@ int RegisterMap(const std::string& data_path, const std::string& name) {
                     &dev_minor, &inode) != 7) {
       continue;
     }
-    if (inode != st.st_ino || taken(b)) continue;
+    // LMDB maps the file from its start, at least its whole length.
+    if (inode != st.st_ino || off != 0 || e - b < static_cast<unsigned long long>(st.st_size) ||
+        taken(b)) {
+      continue;
+    }
     if (dev_major == major(st.st_dev) && dev_minor == minor(st.st_dev)) {
       begin = static_cast<uintptr_t>(b);
       end = static_cast<uintptr_t>(e);
@@ -306,41 +310,81 @@ void UnregisterMap(int slot) {
 
 // LMDB trusts its pages: a damaged node offset or size in a branch or leaf
 // page makes it read outside the page, the file or the map (SIGBUS,
-// SIGSEGV) before any value reaches us. So, before LMDB walks a shard, its
-// tree is walked here with every such field checked, reading pages with
-// pread (never through a map). Layout of LMDB 0.9 (lmdb.h, mdb.c): a 16-byte
-// page header {pgno u64, pad u16, flags u16, lower u16, upper u16}, then
-// u16 node offsets; a node {lo u16, hi u16, flags u16, ksize u16, key, data};
-// the meta page's MDB_meta at byte 16, the main database's MDB_db at 88.
+// SIGSEGV) before any value reaches us, and it trusts the page size in the
+// meta page too. So, before LMDB opens a shard, its meta pages are checked,
+// and before LMDB walks it, its tree is walked here with every such field
+// checked, reading pages with pread (never through a map). Layout of LMDB
+// 0.9 on a 64-bit machine (lmdb.h, mdb.c): a 16-byte page header {pgno u64,
+// pad u16, flags u16, lower u16, upper u16}, then u16 node offsets; a node
+// {lo u16, hi u16, flags u16, ksize u16, key, data}; the meta page's MDB_meta
+// at byte 16: magic u32, version u32, address u64, mapsize u64, then the
+// free and main databases' MDB_db (48 bytes each; the free one's first u32
+// is the page size), last page u64 at 136, txnid u64 at 144.
+static_assert(sizeof(void*) == 8, "the LMDB layout below is that of a 64-bit build");
+
 class TreeCheck {
  public:
-  TreeCheck(int fd, uint32_t psize, uint64_t pages) : fd_(fd), psize_(psize), pages_(pages) {}
+  TreeCheck(int fd, uint64_t file_bytes) : fd_(fd), file_bytes_(file_bytes) {}
 
-  // Walks the main database from the meta page of transaction `txnid`;
-  // `entries` is what LMDB's stat says the tree holds.
-  Status Run(uint64_t txnid, uint64_t entries) {
-    uint64_t root = kNoPage;
-    uint16_t depth = 0;
-    std::vector<uint8_t> meta(psize_);
-    for (uint64_t m = 0; m < 2; ++m) {
-      NL_RETURN_IF_ERROR(ReadPage(m, &meta));
-      if (Get<uint64_t>(meta, 144) != txnid) continue;  // mm_txnid
-      depth = Get<uint16_t>(meta, 88 + 6);               // md_depth
-      root = Get<uint64_t>(meta, 88 + 40);               // md_root
+  // The meta pages, before LMDB reads them: LMDB takes the page size from
+  // the first one unchecked (0 divides by zero; a small one reads past its
+  // buffers; a huge one reads the second meta page past the file's end).
+  // Picks the meta page LMDB will use, as LMDB does: the second when its
+  // transaction id is higher, else the first.
+  Status Meta() {
+    uint8_t head[152];
+    NL_RETURN_IF_ERROR(ReadAt(0, head, sizeof head, "its first meta page"));
+    std::memcpy(&psize_, head + 40, 4);
+    if (psize_ < 512 || psize_ > 32768 || (psize_ & (psize_ - 1)) != 0) {
+      return Bad("its meta page gives a page size of " + std::to_string(psize_));
     }
-    if (root == kNoPage) {
-      if (entries == 0) return Status::Ok();
-      return Bad("its meta pages do not name the tree's root");
+    if (file_bytes_ < 2 * uint64_t{psize_}) {
+      return Status::Corruption("data.mdb is " + std::to_string(file_bytes_) +
+                                " bytes, shorter than its two " + std::to_string(psize_) +
+                                "-byte meta pages: the shard is truncated");
     }
-    if (depth == 0 || depth > kMaxDepth) return Bad("tree depth " + std::to_string(depth));
-    uint64_t found = 0;
-    NL_RETURN_IF_ERROR(Walk(root, depth, &found));
-    if (found != entries) {
-      return Bad("its tree holds " + std::to_string(found) + " records, its meta page says " +
-                 std::to_string(entries));
+    pages_ = file_bytes_ / psize_;
+    uint8_t metas[2][152];
+    std::memcpy(metas[0], head, sizeof head);
+    NL_RETURN_IF_ERROR(ReadAt(psize_, metas[1], sizeof metas[1], "its second meta page"));
+    uint64_t txn[2];
+    for (int i = 0; i < 2; ++i) std::memcpy(&txn[i], metas[i] + 144, 8);
+    const uint8_t* m = metas[txn[0] < txn[1] ? 1 : 0];
+    std::memcpy(&depth_, m + 88 + 6, 2);
+    std::memcpy(&root_, m + 88 + 40, 8);
+    std::memcpy(&entries_, m + 88 + 32, 8);
+    uint16_t main_flags;
+    std::memcpy(&main_flags, m + 88 + 4, 2);
+    if (main_flags != 0) {  // pack_tool writes plain keys and values: no DUPSORT, INTEGERKEY...
+      return Bad("its main database has flags " + std::to_string(main_flags) + " (expected 0)");
     }
     return Status::Ok();
   }
+
+  // Walks the main database from the chosen meta page's root.
+  Status Tree() {
+    if (root_ == kNoPage) {
+      if (entries_ == 0) return Status::Ok();
+      return Bad("its meta page counts " + std::to_string(entries_) + " records but has no tree");
+    }
+    // Each entry takes at least a node header and an 8-byte key in a page.
+    if (entries_ > file_bytes_ / 16) {
+      return Bad("its meta page counts " + std::to_string(entries_) + " records, more than its " +
+                 std::to_string(file_bytes_) + " bytes can hold");
+    }
+    if (depth_ == 0 || depth_ > kMaxDepth) return Bad("tree depth " + std::to_string(depth_));
+    visited_.assign(pages_, false);
+    buffers_.assign(depth_ + 1, std::vector<uint8_t>(psize_));
+    uint64_t found = 0;
+    NL_RETURN_IF_ERROR(Walk(root_, depth_, &found));
+    if (found != entries_) {
+      return Bad("its tree holds " + std::to_string(found) + " records, its meta page says " +
+                 std::to_string(entries_));
+    }
+    return Status::Ok();
+  }
+
+  uint32_t page_size() const { return psize_; }
 
  private:
   static constexpr uint64_t kNoPage = ~uint64_t{0};
@@ -358,15 +402,14 @@ class TreeCheck {
     return Status::Corruption("its LMDB tree is damaged: " + why);
   }
 
-  Status ReadPage(uint64_t pgno, std::vector<uint8_t>* page) const {
+  Status ReadAt(uint64_t off, uint8_t* out, size_t n, const std::string& what) const {
     size_t got = 0;
-    while (got < psize_) {
-      const ssize_t n = ::pread(fd_, page->data() + got, psize_ - got,
-                                static_cast<off_t>(pgno * psize_ + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Status::FromErrno("reading page " + std::to_string(pgno), errno);
-      if (n == 0) return Bad("page " + std::to_string(pgno) + " lies past the end of the file");
-      got += static_cast<size_t>(n);
+    while (got < n) {
+      const ssize_t r = ::pread(fd_, out + got, n - got, static_cast<off_t>(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::FromErrno("reading " + what, errno);
+      if (r == 0) return Bad(what + " lies past the end of the file");
+      got += static_cast<size_t>(r);
     }
     return Status::Ok();
   }
@@ -374,10 +417,15 @@ class TreeCheck {
   Status Walk(uint64_t pgno, uint16_t depth, uint64_t* found) {
     const std::string at = "page " + std::to_string(pgno);
     if (pgno < 2 || pgno >= pages_) return Bad(at + " is outside the file's pages");
-    std::vector<uint8_t> page(psize_);
-    NL_RETURN_IF_ERROR(ReadPage(pgno, &page));
-    if (Get<uint64_t>(page, 0) != pgno) return Bad(at + " says it is page " +
-                                                   std::to_string(Get<uint64_t>(page, 0)));
+    // A page reached twice: a cycle, or two parents (each page of a B-tree
+    // has one). Without this a crafted file could make the walk endless.
+    if (visited_[pgno]) return Bad(at + " is reached twice");
+    visited_[pgno] = true;
+    std::vector<uint8_t>& page = buffers_[depth];
+    NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, page.data(), psize_, at));
+    if (Get<uint64_t>(page, 0) != pgno) {
+      return Bad(at + " says it is page " + std::to_string(Get<uint64_t>(page, 0)));
+    }
     const uint16_t flags = Get<uint16_t>(page, 10), lower = Get<uint16_t>(page, 12),
                    upper = Get<uint16_t>(page, 14);
     const bool leaf = depth == 1;
@@ -400,22 +448,25 @@ class TreeCheck {
       if (off + 8 + ksize > psize_) return Bad(node + "'s key runs past the page");
       if (leaf) {
         const size_t data = off + 8 + ksize;
-        if (nflags & (kSubData | kDupData)) return Bad(node + " is a sub-database (flags " +
-                                                       std::to_string(nflags) + ")");
+        if (nflags & (kSubData | kDupData)) {
+          return Bad(node + " is a sub-database (flags " + std::to_string(nflags) + ")");
+        }
+        const uint64_t size = lo | (uint64_t{hi} << 16);
         if (nflags & kBigData) {
           if (data + 8 > psize_) return Bad(node + "'s overflow page number runs past the page");
           uint64_t first;
           std::memcpy(&first, page.data() + data, 8);
-          const uint64_t size = lo | (uint64_t{hi} << 16);
           const uint64_t span = (size + 16 + psize_ - 1) / psize_;
           if (first < 2 || first >= pages_ || span > pages_ - first) {
             return Bad(node + "'s value (" + std::to_string(size) + " bytes at page " +
                        std::to_string(first) + ") lies outside the file");
           }
-        } else if (data + (lo | (uint64_t{hi} << 16)) > psize_) {
+        } else if (data + size > psize_) {
           return Bad(node + "'s value runs past the page");
         }
-        ++*found;
+        if (++*found > entries_) {
+          return Bad("its tree holds more records than its meta page's " + std::to_string(entries_));
+        }
       } else {
         const uint64_t child = lo | (uint64_t{hi} << 16) | (uint64_t{nflags} << 32);
         NL_RETURN_IF_ERROR(Walk(child, static_cast<uint16_t>(depth - 1), found));
@@ -425,8 +476,14 @@ class TreeCheck {
   }
 
   int fd_;
-  uint32_t psize_;
-  uint64_t pages_;
+  uint64_t file_bytes_;
+  uint32_t psize_ = 0;
+  uint64_t pages_ = 0;
+  uint16_t depth_ = 0;
+  uint64_t root_ = kNoPage;
+  uint64_t entries_ = 0;
+  std::vector<bool> visited_;
+  std::vector<std::vector<uint8_t>> buffers_;  // one page per level
 };
 
 }  // namespace
@@ -472,6 +529,16 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                               " bytes but the manifest says " + std::to_string(info.bytes) +
                               ": the shard is truncated");
   }
+  // The meta pages before LMDB reads them (the file LMDB maps is checked
+  // through this descriptor's inode below).
+  const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status::FromErrno(what, errno);
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  TreeCheck check(fd, size);
+  if (Status m = check.Meta(); !m.ok()) return Status::Corruption(what + ": " + m.message());
   std::unique_ptr<ShardReader> r(new ShardReader());
   r->info_ = info;
   MDB_env* env = nullptr;
@@ -483,6 +550,14 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                                 "mdb_env_set_mapsize"));
   NL_RETURN_IF_ERROR(
       LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444), what));
+  {  // The file LMDB opened is the one checked (not one swapped in meanwhile).
+    mdb_filehandle_t lfd;
+    struct stat a {}, b {};
+    if (mdb_env_get_fd(env, &lfd) == MDB_SUCCESS && ::fstat(lfd, &a) == 0 && ::fstat(fd, &b) == 0 &&
+        (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
+      return Status::Corruption(what + ": data.mdb was replaced while it was being opened");
+    }
+  }
   // mdb_env_open read only the two meta pages (checked above to be in the
   // file: it fails on a shorter one). LMDB's own last page must be too.
   MDB_envinfo ei{};
@@ -497,10 +572,7 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                               std::to_string(needed) + ": the shard is truncated");
   }
   {
-    const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(what, errno);
-    const Status tree = TreeCheck(fd, es.ms_psize, size / es.ms_psize).Run(ei.me_last_txnid, es.ms_entries);
-    ::close(fd);
+    const Status tree = check.Tree();
     if (!tree.ok()) return Status::Corruption(what + ": " + tree.message());
   }
   r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
@@ -525,6 +597,23 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
     r->map_ = reinterpret_cast<const uint8_t*>(g_mapped[r->map_slot_].begin.load());
   }
   r->file_bytes_ = size;
+  // Confirmed with LMDB's own first key, which lies in its map: a range
+  // found wrongly (another file of the same inode number, on an overlay)
+  // would otherwise make every value look out of bounds. Unconfirmed, the
+  // bounds are not checked (the tree check above still holds).
+  if (r->map_ != nullptr && r->entries_ > 0) {
+    MDB_cursor* c = nullptr;
+    MDB_val k, v;
+    bool inside = false;
+    if (mdb_cursor_open(t, r->dbi_, &c) == MDB_SUCCESS) {
+      if (mdb_cursor_get(c, &k, &v, MDB_FIRST) == MDB_SUCCESS) {
+        const auto p = reinterpret_cast<uintptr_t>(k.mv_data), b = reinterpret_cast<uintptr_t>(r->map_);
+        inside = p >= b && p - b < size;
+      }
+      mdb_cursor_close(c);
+    }
+    if (!inside) r->map_ = nullptr;
+  }
   return r;
 }
 

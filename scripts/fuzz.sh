@@ -4,13 +4,14 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 # Corpora grow in build-fuzz/fuzz-corpus/<target> (kept between runs); a crash,
 # leak, timeout or memory blow-up is saved to build-fuzz/fuzz-findings/ and
-# makes the script exit 1. A table of what ran is written to
+# makes the script exit 1. A table of each target's latest run is kept in
 # build-fuzz/fuzz-report.md (docs/RELIABILITY.md quotes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
 shift || true
-all=(record_fuzz png_fuzz jpeg_fuzz manifest_fuzz cifar_fuzz imagefolder_fuzz cli_lists_fuzz ring_header_fuzz)
+all=(record_fuzz png_fuzz jpeg_fuzz manifest_fuzz cifar_fuzz imagefolder_fuzz cli_lists_fuzz ring_header_fuzz
+  shard_fuzz)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
@@ -39,11 +40,15 @@ mkdir -p build-fuzz/fuzz-findings
 
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# The report keeps each target's latest run: rows of targets not run now stay.
 report=build-fuzz/fuzz-report.md
-{
-  echo "| target | seconds | runs | corpus files | coverage (edges) | findings |"
-  echo "|---|---:|---:|---:|---:|---|"
-} >"$report"
+declare -A row=()
+if [ -f "$report" ]; then
+  while IFS= read -r line; do
+    t=$(echo "$line" | awk -F'|' '{gsub(/ /, "", $2); print $2}')
+    [[ "$t" == *_fuzz ]] && row[$t]=$line
+  done <"$report"
+fi
 failed=0
 for t in "${targets[@]}"; do
   corpus=build-fuzz/fuzz-corpus/$t
@@ -64,7 +69,15 @@ for t in "${targets[@]}"; do
     failed=1
     tail -40 "$log" | sed 's/^/    /'
   fi
-  echo "| $t | $secs | ${runs:-?} | $files | ${cov:-?} | $found |" | tee -a "$report"
+  row[$t]="| $t | $secs | ${runs:-?} | $files | ${cov:-?} | $found |"
+  echo "${row[$t]}"
 done
+{
+  echo "| target | seconds | runs | corpus files | coverage (edges) | findings |"
+  echo "|---|---:|---:|---:|---:|---|"
+  for t in "${all[@]}"; do
+    [ -n "${row[$t]:-}" ] && echo "${row[$t]}"
+  done
+} >"$report"
 cat "$report"
 exit $failed

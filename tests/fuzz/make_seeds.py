@@ -2,7 +2,8 @@
 
 Usage: make_seeds.py OUT_DIR   (writes OUT_DIR/<target>/seed-*)
 """
-import io, json, os, struct, sys, tarfile
+import io, json, os, struct, sys, tarfile, tempfile
+import lmdb
 import numpy as np
 from PIL import Image
 
@@ -89,3 +90,21 @@ for form, mode in ((1, "w:gz"), (2, "w")):
 
 put("imagefolder_fuzz", "tree", "cat/a.png!\ncat/b.png!\ndog/c.jpg\ndog/sub/d.png!\n@dog/loop>..\n")
 put("imagefolder_fuzz", "odd", b"caf\xe9/x.png!\n#locked/y\n@link>/etc\nempty/\n")
+
+# Shards: data.mdb files as pack_tool writes them (records in key order):
+# a few records inline in a leaf page, records in overflow pages, and enough
+# small ones for a branch page above several leaves.
+
+def shard(name, values):
+    with tempfile.TemporaryDirectory() as d:
+        env = lmdb.open(d, map_size=1 << 22, lock=False, subdir=True)
+        with env.begin(write=True) as txn:
+            for i, v in enumerate(values):
+                txn.put(struct.pack(">Q", i), v, append=True)
+        env.close()
+        put("shard_fuzz", name, open(os.path.join(d, "data.mdb"), "rb").read())
+
+
+shard("inline", [record(0, 2, 2, bytes(12), label=i) for i in range(3)])
+shard("overflow", [record(0, 1000, 1, bytes(rng.integers(0, 256, 3000, dtype=np.uint8))) for _ in range(4)])
+shard("branch", [record(0, 2, 1, bytes(6), label=i % 100) for i in range(300)])
