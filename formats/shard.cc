@@ -347,6 +347,14 @@ class TreeCheck {
     uint8_t metas[2][152];
     std::memcpy(metas[0], head, sizeof head);
     NL_RETURN_IF_ERROR(ReadAt(psize_, metas[1], sizeof metas[1], "its second meta page"));
+    // LMDB reads the second meta page at the first one's page size, then
+    // takes the page size of the newer one: both must be the same.
+    uint32_t psize1;
+    std::memcpy(&psize1, metas[1] + 40, 4);
+    if (psize1 != psize_) {
+      return Bad("its meta pages give page sizes " + std::to_string(psize_) + " and " +
+                 std::to_string(psize1));
+    }
     uint64_t txn[2];
     for (int i = 0; i < 2; ++i) std::memcpy(&txn[i], metas[i] + 144, 8);
     const uint8_t* m = metas[txn[0] < txn[1] ? 1 : 0];
