@@ -516,11 +516,14 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   // the manifest was read; here, where it leads through symbolic links.
   {
     char* real_root = ::realpath(root.c_str(), nullptr);
+    const int root_err = errno;
     char* real_data = ::realpath(data.c_str(), nullptr);
+    const int data_err = errno;
     const std::string rr = real_root ? real_root : "", rd = real_data ? real_data : "";
     std::free(real_root);
     std::free(real_data);
-    if (rr.empty() || rd.empty()) return Status::FromErrno(what + ": cannot resolve its path", errno);
+    if (rr.empty()) return Status::FromErrno(what + ": cannot resolve " + root, root_err);
+    if (rd.empty()) return Status::FromErrno(what + ": cannot resolve its path", data_err);
     if (!PathIsWithin(rd, rr)) {
       return Status::Corruption(what + ": it leads to " + rd + ", outside the shard set " + rr +
                                 " (through a symbolic link); a shard set's files stay in its "

@@ -120,6 +120,7 @@ def check(family, case, reader, cmd, want_rc, want_re, user=None, after=None):
     first = next((l for l in text.splitlines() if re.search(r"error|skipp|warning|refus|FAIL|bad", l, re.I)), "")
     if not first:
         first = text.strip().splitlines()[-1] if text.strip() else ""
+    first = first.replace(SCRATCH + "/", "")  # the scratch directory's name says nothing
     rows.append((family, case, reader, "exit %s: %s" % (rc, first.strip()[:160]), ok))
     if not ok:
         failures.append("%s / %s / %s: %s\n    %s\n%s" % (family, case, reader, "; ".join(problems), " ".join(map(str, cmd)),
