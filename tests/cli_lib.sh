@@ -2,7 +2,19 @@
 # on exit, pass/fail counting, and checks. End a test script with `finish`.
 PY=/usr/bin/python3
 W=$(mktemp -d "${TMPDIR:-/tmp}/nl-cli-XXXXXX")
-trap 'rm -rf "$W"' EXIT
+# Background processes a test starts (it appends their pids): those still
+# running (jobs of this shell: a pid already waited for may be another
+# process's by now) are killed with SIGKILL on exit, then $W is removed.
+pids=()
+cleanup() {
+  local running p
+  running=" $(jobs -p | tr '\n' ' ') "
+  for p in "${pids[@]}"; do
+    [[ "$running" == *" $p "* ]] && kill -9 "$p" 2>/dev/null
+  done
+  rm -rf "$W"
+}
+trap cleanup EXIT
 failures=0
 passes=0
 
@@ -46,6 +58,21 @@ expect_grep() {
     fail "$3 (no '$2' in output)"
     sed 's/^/    /' "$W/out"
   fi
+}
+
+# wait_exit PID SECONDS: the exit code of PID, or 255 after SECONDS (then it is killed).
+wait_exit() {
+  local pid=$1 limit=$2 i
+  for ((i = 0; i < limit * 20; i++)); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      return $?
+    fi
+    sleep 0.05
+  done
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 255
 }
 
 finish() {

@@ -10,12 +10,6 @@ PT=$1
 TR=$2
 . "$(dirname "$0")/cli_lib.sh"
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
 export TMPDIR=$W
 
 # --- pack_tool killed at many points -------------------------------------------
@@ -74,19 +68,6 @@ start_job() {
     sleep 0.1
   done
 }
-# end_of PID LIMIT: exit code of PID, 255 (and killed) after LIMIT seconds.
-end_of() {
-  local i
-  for ((i = 0; i < $2 * 10; i++)); do
-    if ! kill -0 "$1" 2>/dev/null; then
-      wait "$1"
-      return $?
-    fi
-    sleep 0.1
-  done
-  kill -9 "$1" 2>/dev/null
-  return 255
-}
 nothing_left() {
   local i
   for ((i = 0; i < 100; i++)); do
@@ -117,7 +98,7 @@ with open(sys.argv[1], "r+b") as f:
     f.flush()
     os.fsync(f.fileno())
 PYEOF
-end_of "$JP" 60
+wait_exit "$JP" 60
 check_rc $? 1 "the trainer exits 1"
 cp "$W/corrupt.out" "$W/out"
 expect_out "shard train/shard-00000, index [0-9]+: .*checksum" "its message names the shard, the record and the checksum"
@@ -127,7 +108,7 @@ nothing_left "a shard corrupted under the job"
 cp -r "$W/p" "$W/p_cut"
 start_job cut "$W/p_cut" 50
 truncate -s 1M "$W/p_cut/train/shard-00000/data.mdb"
-end_of "$JP" 60
+wait_exit "$JP" 60
 check_rc $? 1 "the trainer exits 1"
 cp "$W/cut.out" "$W/out"
 expect_out "train/shard-00000.*(truncated|shorter)" "its message names the shard and says it was cut"
@@ -137,7 +118,7 @@ nothing_left "a shard truncated under the job"
 cp -r "$W/p" "$W/p_gone"
 start_job gone "$W/p_gone" 2
 rm -rf "$W/p_gone/train"
-end_of "$JP" 120
+wait_exit "$JP" 120
 check_rc $? 0 "a job whose shard is deleted under it ends normally (it reads the open file)" ||
   tail -5 "$W/gone.out"
 nothing_left "a shard deleted under the job"

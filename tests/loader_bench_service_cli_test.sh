@@ -10,12 +10,6 @@ LB=$2
 L=$3
 . "$(dirname "$0")/cli_lib.sh"
 
-started=()
-cleanup() {
-  for p in "${started[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
 
 # serves_of PID: pids of the `loader serve` processes of the loader_bench with that pid.
 serves_of() { pgrep -f "loader serve --job-id loader_bench-$1( |$)" | tr '\n' ' '; }
@@ -123,7 +117,7 @@ expect_text "manifest.json" "its error names the manifest"
 
 "$LB" "${COMMON[@]}" --ranks 1 --mode service --step-ms 50 --epochs 1000 >"$W/killed.out" 2>&1 &
 lb=$!
-started+=("$lb")
+pids+=("$lb")
 s=""
 for _ in $(seq 100); do  # until the serve has started (bounded)
   s=$(serves_of "$lb")
@@ -141,7 +135,7 @@ else fail "the row: $(cat "$W/killed.out")"; fi
 # --- kill -9 loader_bench: its ranks and their serves die with it ------------
 "$LB" "${COMMON[@]}" --ranks 2 --mode service --step-ms 100 --epochs 1000 >/dev/null 2>&1 &
 lb=$!
-started+=("$lb")
+pids+=("$lb")
 serves=""
 for _ in $(seq 100); do  # until both serves have started (bounded)
   serves=$(serves_of "$lb")

@@ -11,12 +11,6 @@ L=$2
 . "$(dirname "$0")/cli_lib.sh"
 
 JOB="svc$$"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
 
 shm_before=$(ls -A /dev/shm | sort)
 
@@ -32,20 +26,6 @@ serve() {
   pids+=("$SP")
 }
 
-# wait_exit PID SECONDS: the exit code of PID, or 255 after SECONDS (then it is killed).
-wait_exit() {
-  local pid=$1 limit=$2 i
-  for ((i = 0; i < limit * 20; i++)); do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      wait "$pid"
-      return $?
-    fi
-    sleep 0.05
-  done
-  kill -9 "$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null
-  return 255
-}
 
 # nothing_left JOB NAME: no socket of JOB, /dev/shm as it was, no stray file here.
 nothing_left() {

@@ -11,12 +11,6 @@ PT=$1
 TR=$2
 . "$(dirname "$0")/cli_lib.sh"
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
 export TMPDIR=$W  # torchrun's own scratch directories
 
 shm_before=$(ls -A /dev/shm | sort)
