@@ -7,27 +7,16 @@ set -uo pipefail
 PT=$1
 LB=$2
 . "$(dirname "$0")/cli_lib.sh"
+export NL_SUPPORT=$(cd "$(dirname "$0")/support" && pwd)  # nl_record.py for the scripts below
 
 # A shard set written by Python (lmdb module) from crafted records, so it can
 # hold what pack_tool refuses to write: make_shard_set.py OUT SPEC.json
 cat >"$W/make_shard_set.py" <<'PYEOF'
 import json, os, struct, sys, lmdb
-POLY = 0x82F63B78
-TABLE = []
-for i in range(256):
-    c = i
-    for _ in range(8):
-        c = (c >> 1) ^ POLY if c & 1 else c >> 1
-    TABLE.append(c)
-def crc32c(data, crc=0):
-    crc ^= 0xFFFFFFFF
-    for b in data:
-        crc = TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+sys.path.insert(0, os.environ["NL_SUPPORT"])
+from nl_record import crc32c, record as make_record
 def record(enc, label, w, h, payload, length=None):
-    length = len(payload) if length is None else length
-    head = struct.pack("<4sHBBIIIII", b"NLRC", 1, enc, 3, label, w, h, length, crc32c(payload))
-    return head + struct.pack("<I", crc32c(head)) + payload
+    return make_record(payload, enc=enc, label=label, w=w, h=h, length=length)
 out, spec = sys.argv[1], json.load(open(sys.argv[2]))
 recs = []
 for r in spec["records"]:

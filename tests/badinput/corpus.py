@@ -31,6 +31,9 @@ import lmdb
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from nl_record import crc32c, record  # noqa: E402
+
 BIN, SCRATCH = sys.argv[1], os.path.abspath(sys.argv[2])
 REPORT = sys.argv[sys.argv.index("--report") + 1] if "--report" in sys.argv else None
 DETAIL = sys.argv[sys.argv.index("--detail") + 1] if "--detail" in sys.argv else None
@@ -520,27 +523,6 @@ def base_set():
     rc, text, _ = run([PT, "imagefolder", src, out, "--shards", "2"])
     assert rc == 0, text
     return out
-
-
-CRC_TABLE = []
-for _i in range(256):
-    _c = _i
-    for _ in range(8):
-        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
-    CRC_TABLE.append(_c)
-
-
-def crc32c(data, crc=0):
-    crc ^= 0xFFFFFFFF
-    for b in data:
-        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def record(payload, enc=2, label=0, w=48, h=40, length=None, magic=b"NLRC", version=1, channels=3):
-    length = len(payload) if length is None else length
-    head = struct.pack("<4sHBBIIIII", magic, version, enc, channels, label, w, h, length, crc32c(payload))
-    return head + struct.pack("<I", crc32c(head)) + payload
 
 
 def rewrite_shard(d, shard, edit):

@@ -7,6 +7,9 @@ import lmdb
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import nl_record  # noqa: E402
+
 out = sys.argv[1]
 rng = np.random.default_rng(7)
 
@@ -18,17 +21,8 @@ def put(target, name, data):
         f.write(data if isinstance(data, bytes) else data.encode())
 
 
-def crc32c(data, crc=0xFFFFFFFF):
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
 def record(encoding, w, h, payload, label=3):
-    head = struct.pack("<IHBBIIIII", 0x43524C4E, 1, encoding, 3, label, w, h, len(payload), crc32c(payload))
-    return head + struct.pack("<I", crc32c(head)) + payload
+    return nl_record.record(payload, enc=encoding, label=label, w=w, h=h)
 
 
 def image(mode, w, h):
