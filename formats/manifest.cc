@@ -230,12 +230,23 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
                                 std::string(j.type_name()));
     }
     field = "format_version";
-    m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kManifestFormatVersion) {
-      return Status::Corruption(
-          where + ": manifest format_version " + std::to_string(m.format_version) +
-          " is not supported (this build reads " + std::to_string(kManifestFormatVersion) + ")");
+    // An integer, compared without conversion: get<int>() of 4.4e27 or of
+    // 2^63 is undefined behaviour (manifest_fuzz found the first).
+    const json& fv = j.at("format_version");
+    const bool supported =
+        fv.is_number_unsigned() ? fv.get<uint64_t>() == static_cast<uint64_t>(kManifestFormatVersion)
+        : fv.is_number_integer() ? fv.get<int64_t>() == kManifestFormatVersion
+                                 : false;
+    if (!fv.is_number_integer()) {
+      return Status::Corruption(where + ": manifest format_version must be an integer, not " +
+                                fv.dump());
     }
+    if (!supported) {
+      return Status::Corruption(where + ": manifest format_version " + fv.dump() +
+                                " is not supported (this build reads " +
+                                std::to_string(kManifestFormatVersion) + ")");
+    }
+    m.format_version = kManifestFormatVersion;
     field = "source";
     const json& src = j.at("source");
     m.source_kind = src.at("kind").get<std::string>();

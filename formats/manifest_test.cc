@@ -63,6 +63,16 @@ TEST(Manifest, BadJsonAndVersion) {
   j.replace(j.find("\"format_version\": 1"), 19, "\"format_version\": 7");
   EXPECT_EQ(ManifestFromJson(j, "m.json").status().message(),
             "m.json: manifest format_version 7 is not supported (this build reads 1)");
+  // Not integers, or out of int's range: refused, never converted (under
+  // UBSan, 4.4e27 as int was manifest_fuzz's finding).
+  for (const char* v : {"4444444444244444442444444488.8888889", "1.0", "-1", "9223372036854775808",
+                        "18446744073709551615", "\"1\"", "true"}) {
+    std::string k = ManifestToJson(Sample());
+    k.replace(k.find("\"format_version\": 1"), 19, std::string("\"format_version\": ") + v);
+    Status s = ManifestFromJson(k, "m.json").status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << v;
+    EXPECT_NE(s.message().find("format_version"), std::string::npos) << s.ToString();
+  }
   testing::ScratchDir dir;
   Status missing = LoadManifest(dir.path()).status();
   EXPECT_EQ(missing.code(), StatusCode::kNotFound);

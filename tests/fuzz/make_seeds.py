@@ -62,6 +62,8 @@ manifest = {
                          "skipped": [{"path": "x/y.jpg", "reason": "truncated"}]}},
 }
 put("manifest_fuzz", "cifar", json.dumps(manifest, indent=2))
+# What manifest_fuzz found (UB converting it to int), replayed by every run.
+put("manifest_fuzz", "float-version", '{\n  "format_version": 4444444444244444442444444488.8888889 }')
 
 for i, s in enumerate(["0-3,8-11", "0-9;10-19", "1,2,3", "0.5,1.5,2", "7", "0-63:2", ""]):
     put("cli_lists_fuzz", str(i), s)
