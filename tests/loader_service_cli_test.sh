@@ -146,6 +146,10 @@ for i in 1 2 3 4 5 6; do
   serve k3 "${COMMON[@]}" --job-id "$JOB-k3-$i" --prefetch 1
   "$L" consume --job-id "$JOB-k3-$i" >/dev/null 2>&1 &
   CP=$!
+  # Killed while streaming, not before it attached (under ASan and a loaded
+  # machine attaching took longer than the random delay: the producer then
+  # rightly went on waiting for a consumer).
+  for ((j = 0; j < 200; j++)); do grep -q "attached" "$W/k3.log" && break; sleep 0.05; done
   sleep "0.$((RANDOM % 4 + 2))"
   kill -9 "$CP"
   wait "$CP" 2>/dev/null
