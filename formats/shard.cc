@@ -415,62 +415,63 @@ class TreeCheck {
     while (got < n) {
       const ssize_t r = ::pread(fd_, out + got, n - got, static_cast<off_t>(off + got));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return Status::FromErrno("reading " + what, errno);
-      if (r == 0) return Bad(what + " lies past the end of the file");
+      if (r < 0) return Status::FromErrno("reading " + what + " at byte " + std::to_string(off), errno);
+      if (r == 0) return Bad(what + " at byte " + std::to_string(off) + " lies past the end of the file");
       got += static_cast<size_t>(r);
     }
     return Status::Ok();
   }
 
   Status Walk(uint64_t pgno, uint16_t depth, uint64_t* found) {
-    const std::string at = "page " + std::to_string(pgno);
-    if (pgno < 2 || pgno >= pages_) return Bad(at + " is outside the file's pages");
+    // Messages are built only on failure: this runs for every node of a shard at open.
+    auto at = [pgno] { return "page " + std::to_string(pgno); };
+    if (pgno < 2 || pgno >= pages_) return Bad(at() + " is outside the file's pages");
     // A page reached twice: a cycle, or two parents (each page of a B-tree
     // has one). Without this a crafted file could make the walk endless.
-    if (visited_[pgno]) return Bad(at + " is reached twice");
+    if (visited_[pgno]) return Bad(at() + " is reached twice");
     visited_[pgno] = true;
     std::vector<uint8_t>& page = buffers_[depth];
-    NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, page.data(), psize_, at));
+    NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, page.data(), psize_, "page"));
     if (Get<uint64_t>(page, 0) != pgno) {
-      return Bad(at + " says it is page " + std::to_string(Get<uint64_t>(page, 0)));
+      return Bad(at() + " says it is page " + std::to_string(Get<uint64_t>(page, 0)));
     }
     const uint16_t flags = Get<uint16_t>(page, 10), lower = Get<uint16_t>(page, 12),
                    upper = Get<uint16_t>(page, 14);
     const bool leaf = depth == 1;
     if (flags != (leaf ? kLeaf : kBranch)) {
-      return Bad(at + " has flags " + std::to_string(flags) + ", expected a " +
+      return Bad(at() + " has flags " + std::to_string(flags) + ", expected a " +
                  (leaf ? "leaf" : "branch") + " page");
     }
     if (lower < 16 || lower > upper || upper > psize_ || (lower - 16) % 2 != 0) {
-      return Bad(at + " has free-space bounds " + std::to_string(lower) + ".." +
+      return Bad(at() + " has free-space bounds " + std::to_string(lower) + ".." +
                  std::to_string(upper));
     }
     const size_t n = (lower - 16) / 2;
-    if (n == 0) return Bad(at + " is empty");
+    if (n == 0) return Bad(at() + " is empty");
     for (size_t i = 0; i < n; ++i) {
       const size_t off = Get<uint16_t>(page, 16 + 2 * i);
-      const std::string node = at + " node " + std::to_string(i);
-      if (off < upper || off + 8 > psize_) return Bad(node + " lies outside the page's nodes");
+      auto node = [&at, i] { return at() + " node " + std::to_string(i); };
+      if (off < upper || off + 8 > psize_) return Bad(node() + " lies outside the page's nodes");
       const uint32_t lo = Get<uint16_t>(page, off), hi = Get<uint16_t>(page, off + 2);
       const uint16_t nflags = Get<uint16_t>(page, off + 4), ksize = Get<uint16_t>(page, off + 6);
-      if (off + 8 + ksize > psize_) return Bad(node + "'s key runs past the page");
+      if (off + 8 + ksize > psize_) return Bad(node() + "'s key runs past the page");
       if (leaf) {
         const size_t data = off + 8 + ksize;
         if (nflags & (kSubData | kDupData)) {
-          return Bad(node + " is a sub-database (flags " + std::to_string(nflags) + ")");
+          return Bad(node() + " is a sub-database (flags " + std::to_string(nflags) + ")");
         }
         const uint64_t size = lo | (uint64_t{hi} << 16);
         if (nflags & kBigData) {
-          if (data + 8 > psize_) return Bad(node + "'s overflow page number runs past the page");
+          if (data + 8 > psize_) return Bad(node() + "'s overflow page number runs past the page");
           uint64_t first;
           std::memcpy(&first, page.data() + data, 8);
           const uint64_t span = (size + 16 + psize_ - 1) / psize_;
           if (first < 2 || first >= pages_ || span > pages_ - first) {
-            return Bad(node + "'s value (" + std::to_string(size) + " bytes at page " +
+            return Bad(node() + "'s value (" + std::to_string(size) + " bytes at page " +
                        std::to_string(first) + ") lies outside the file");
           }
         } else if (data + size > psize_) {
-          return Bad(node + "'s value runs past the page");
+          return Bad(node() + "'s value runs past the page");
         }
         if (++*found > entries_) {
           return Bad("its tree holds more records than its meta page's " + std::to_string(entries_));
