@@ -18,6 +18,32 @@ trap cleanup EXIT
 failures=0
 passes=0
 
+# next_port: sets PORT to the next TCP port after it, within
+# [PORT_LO, PORT_HI) (wrapping), that can be bound on all interfaces now (a
+# rendezvous store listens on all of them). A test sets PORT_LO and PORT_HI
+# (below Linux's ephemeral ports, 32768-60999: the kernel hands those to
+# outgoing connections, Gloo's among them, and a rendezvous port taken from
+# them collides now and then) and calls next_port before each job.
+next_port() {
+  PORT=$($PY - "${PORT:-0}" "$PORT_LO" "$PORT_HI" <<'PYEOF'
+import socket, sys
+port, lo, hi = (int(a) for a in sys.argv[1:])
+n = hi - lo
+port = lo + (port + 1 - lo) % n if lo <= port < hi else lo + (port % n)
+for _ in range(n):
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+            print(port)
+            break
+        except OSError:
+            port = lo + (port + 1 - lo) % n
+else:
+    sys.exit("no free TCP port in [%d, %d)" % (lo, hi))
+PYEOF
+  )
+}
+
 ok() { passes=$((passes + 1)); echo "ok   - $1"; }
 fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
 

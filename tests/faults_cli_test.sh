@@ -50,13 +50,14 @@ echo "# kills: $absent left no OUT, $complete a complete one"
 # --- a shard damaged under a running job ------------------------------------------
 expect_rc 0 "a small CIFAR-100" "$PT" fake-cifar100 "$W/small" --train 2000 --test 200 --seed 0
 expect_rc 0 "packed" "$PT" cifar100 "$W/small" "$W/p"
-PORT=$((21000 + ($$ % 20000)))
+PORT_LO=26000 PORT_HI=32000  # trainer_cli, which may run beside this one, takes 20000-25999
+PORT=$((PORT_LO + $$ % (PORT_HI - PORT_LO)))
 shm_before=$(ls -A /dev/shm | sort)
 
 # start_job NAME DATA EPOCHS: a 2-rank job through the loader service, in the
 # background ($JP), once it trains.
 start_job() {
-  PORT=$((PORT + 1))
+  next_port
   "$TR" --data "$2" --model smallcnn --image-size 32 --allow-shared-cores --report-every 0 \
     --nproc-per-node 2 --batch-size 16 --epochs "$3" --master-port "$PORT" --out "$W/$1.run" \
     >"$W/$1.out" 2>&1 &

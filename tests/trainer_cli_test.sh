@@ -14,8 +14,8 @@ TR=$2
 export TMPDIR=$W  # torchrun's own scratch directories
 
 shm_before=$(ls -A /dev/shm | sort)
-PORT=$((20000 + ($$ % 20000)))
-next_port() { PORT=$((PORT + 1)); }
+PORT_LO=20000 PORT_HI=26000  # faults_cli, which may run beside this one, takes 26000-31999
+PORT=$((PORT_LO + $$ % (PORT_HI - PORT_LO)))
 
 # Nothing of a launch is left: no trainer or loader serve of its job, no
 # abstract socket of it, /dev/shm as before.
@@ -390,11 +390,15 @@ for how in launcher:TERM launcher:HUP rank0:TERM; do
   "$TR" "${CK[@]}" --master-port "$PORT" >"$W/sig.out" 2>&1 &
   LP=$!
   pids+=("$LP")
-  for ((i = 0; i < 300; i++)); do [ -e "$W/sig/checkpoint.pt" ] && break; sleep 0.1; done
+  for ((i = 0; i < 300; i++)); do
+    [ -e "$W/sig/checkpoint.pt" ] || ! kill -0 "$LP" 2>/dev/null && break
+    sleep 0.1
+  done
   sleep 0.$((RANDOM % 10))
   if [ "${how%%:*}" = launcher ]; then kill -"${how#*:}" "$LP"; else kill -TERM "$(rank_pid "$LP" 0)"; fi
   wait_gone "$LP" 30
   rc=$?
+  cp "$W/sig.out" "$W/out" && rm -f "$W/err"  # check_rc shows them if the exit status is not the one wanted
   case $how in
     launcher:TERM) want=143 ;;
     launcher:HUP) want=129 ;;
