@@ -86,19 +86,38 @@ expect_grep() {
   fi
 }
 
-# wait_exit PID SECONDS: the exit code of PID, or 255 after SECONDS (then it is killed).
+# wait_exit PID SECONDS: the exit code of PID, or 255 after SECONDS (then it is
+# killed); $SECS gets the seconds waited.
 wait_exit() {
-  local pid=$1 limit=$2 i
+  local pid=$1 limit=$2 start=$SECONDS i rc
   for ((i = 0; i < limit * 20; i++)); do
     if ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid"
-      return $?
+      rc=$?
+      SECS=$((SECONDS - start))
+      return $rc
     fi
     sleep 0.05
   done
   kill -9 "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
+  SECS=$limit
   return 255
+}
+
+# start_training NAME CMD...: CMD (a trainer) in the background, its output in
+# $W/NAME.out, its pid in $BG (in pids); returns once the output says it trains
+# ("steps an epoch"), or CMD has ended, or after 60 s.
+start_training() {
+  local name=$1 i
+  shift
+  "$@" >"$W/$name.out" 2>&1 &
+  BG=$!
+  pids+=("$BG")
+  for ((i = 0; i < 600; i++)); do
+    grep -qs "steps an epoch" "$W/$name.out" || ! kill -0 "$BG" 2>/dev/null && break
+    sleep 0.1
+  done
 }
 
 finish() {

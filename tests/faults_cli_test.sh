@@ -58,16 +58,9 @@ shm_before=$(ls -A /dev/shm | sort)
 # background ($JP), once it trains.
 start_job() {
   next_port
-  "$TR" --data "$2" --model smallcnn --image-size 32 --allow-shared-cores --report-every 0 \
-    --nproc-per-node 2 --batch-size 16 --epochs "$3" --master-port "$PORT" --out "$W/$1.run" \
-    >"$W/$1.out" 2>&1 &
-  JP=$!
-  pids+=("$JP")
-  local i
-  for ((i = 0; i < 600; i++)); do
-    grep -qs "steps an epoch" "$W/$1.out" && break
-    sleep 0.1
-  done
+  start_training "$1" "$TR" --data "$2" --model smallcnn --image-size 32 --allow-shared-cores --report-every 0 \
+    --nproc-per-node 2 --batch-size 16 --epochs "$3" --master-port "$PORT" --out "$W/$1.run"
+  JP=$BG
 }
 nothing_left() {
   local i

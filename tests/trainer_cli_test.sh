@@ -198,60 +198,31 @@ rank_pid() {
 # start_long NAME: a long job in the background; sets $LP; waits until rank 2 trains.
 start_long() {
   next_port
-  "$TR" "${LONG[@]}" --master-port "$PORT" >"$W/$1.out" 2>&1 &
-  LP=$!
-  pids+=("$LP")
-  local i
-  for ((i = 0; i < 300; i++)); do
-    grep -qs "steps an epoch" "$W/$1.out" && break
-    sleep 0.1
-  done
+  start_training "$1" "$TR" "${LONG[@]}" --master-port "$PORT"
+  LP=$BG
   sleep 1
 }
-# wait_gone PID LIMIT: exit code of PID, 255 if it outlived LIMIT seconds; $SECS gets the time.
-wait_gone() {
-  local start=$SECONDS i
-  for ((i = 0; i < $2 * 10; i++)); do
-    if ! kill -0 "$1" 2>/dev/null; then
-      wait "$1"
-      local rc=$?
-      SECS=$((SECONDS - start))
-      return $rc
-    fi
-    sleep 0.1
-  done
-  kill -9 "$1" 2>/dev/null
-  SECS=$2
-  return 255
+# killed NAME PID WHAT PATTERN: kill -9 PID (WHAT) of the job started as NAME;
+# the launcher exits 1 within 30 s, its output matches PATTERN (extended
+# regex), nothing of the job is left.
+killed() {
+  kill -9 "$2"
+  wait_exit "$LP" 30
+  check_rc $? 1 "kill -9 $3: the launcher exits 1 within 30 s (${SECS} s)"
+  if grep -Eq "$4" "$W/$1.out"; then ok "naming $3 and its cause"; else fail "kill -9 $3: $(tail -3 "$W/$1.out")"; fi
+  nothing_left "trainer-$PORT-" "after kill -9 of $3"
 }
 
 # Every rank and every loader service of a 4-rank job, killed in turn.
 for r in 0 1 2 3; do
   start_long "k_rank$r"
-  RP=$(rank_pid "$LP" "$r")
-  kill -9 "$RP"
-  wait_gone "$LP" 30
-  check_rc $? 1 "kill -9 rank $r: the launcher exits 1 within 30 s (${SECS} s)"
-  if grep -Eq "^trainer: rank $r failed \(killed by signal 9\)" "$W/k_rank$r.out"; then
-    ok "naming rank $r and its cause"
-  else
-    fail "kill -9 rank $r: $(tail -3 "$W/k_rank$r.out")"
-  fi
-  nothing_left "trainer-$PORT-" "after kill -9 of rank $r"
+  killed "k_rank$r" "$(rank_pid "$LP" "$r")" "rank $r" "^trainer: rank $r failed \(killed by signal 9\)"
 done
-
 for r in 0 1 2 3; do
   start_long "k_serve$r"
   S=$(pgrep -f -- "loader serve .*--job-id trainer-$PORT-[0-9]* --rank $r ")
-  kill -9 "$S"
-  wait_gone "$LP" 30
-  check_rc $? 1 "kill -9 rank $r's loader service: the launcher exits 1 within 30 s (${SECS} s)"
-  if grep -q "rank $r failed (exit status 1: trainer rank $r: error: its loader service (pid $S)" "$W/k_serve$r.out"; then
-    ok "naming rank $r and its loader service"
-  else
-    fail "kill -9 of rank $r's loader service: $(tail -3 "$W/k_serve$r.out")"
-  fi
-  nothing_left "trainer-$PORT-" "after kill -9 of rank $r's loader service"
+  killed "k_serve$r" "$S" "rank $r's loader service" \
+    "rank $r failed \(exit status 1: trainer rank $r: error: its loader service \(pid $S\)"
 done
 
 start_long k_launcher
@@ -261,7 +232,7 @@ nothing_left "trainer-$PORT-" "after kill -9 of the launcher (ranks and services
 
 start_long k_int
 kill -INT "$LP"
-wait_gone "$LP" 30
+wait_exit "$LP" 30
 check_rc $? 130 "SIGINT (Ctrl-C) to the launcher: exit 130 within 30 s (${SECS} s)"
 if grep -q "stopped by SIGINT" "$W/k_int.out"; then ok "it says it was stopped by SIGINT"; else fail "SIGINT: $(tail -2 "$W/k_int.out")"; fi
 nothing_left "trainer-$PORT-" "after SIGINT"
@@ -281,7 +252,7 @@ stop_rank() {
   sleep 1
   RS=$(rank_pid "$LP" "$1")
   kill -STOP "$RS"
-  wait_gone "$LP" 40
+  wait_exit "$LP" 40
   check_rc $? 1 "SIGSTOP of rank $1: the launcher exits 1 (${SECS} s with --timeout 5)"
 }
 stop_rank 1 stop.out
@@ -310,7 +281,7 @@ LP=$!
 pids+=("$LP")
 for ((i = 0; i < 200; i++)); do S=$(pgrep -f -- "loader serve .*--job-id trainer-$PORT-"); [ -n "$S" ] && break; sleep 0.02; done
 kill -STOP $S
-wait_gone "$LP" 40
+wait_exit "$LP" 40
 check_rc $? 1 "a loader service stopped at its start: exit 1 (${SECS} s with --timeout 5)"
 if grep -q "did not open its ring within 5 s (--timeout); it is stopped" "$W/sl.out"; then
   ok "saying it is stopped"
@@ -347,7 +318,7 @@ LP=$!
 pids+=("$LP")
 for ((i = 0; i < 300; i++)); do grep -qs "steps an epoch" "$W/nohup.out" && break; sleep 0.1; done
 kill -HUP "$LP"
-wait_gone "$LP" 60
+wait_exit "$LP" 60
 check_rc $? 0 "under nohup, SIGHUP does not stop the job"
 
 next_port
@@ -396,7 +367,7 @@ for how in launcher:TERM launcher:HUP rank0:TERM; do
   done
   sleep 0.$((RANDOM % 10))
   if [ "${how%%:*}" = launcher ]; then kill -"${how#*:}" "$LP"; else kill -TERM "$(rank_pid "$LP" 0)"; fi
-  wait_gone "$LP" 30
+  wait_exit "$LP" 30
   rc=$?
   cp "$W/sig.out" "$W/out" && rm -f "$W/err"  # check_rc shows them if the exit status is not the one wanted
   case $how in
