@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libtorch-dev libgloo-dev
   python3 python3-lmdb python3-pil python3-numpy python3-torchvision
+  strace  # tests slow a process down with its fault injection
 )
 
 missing=()

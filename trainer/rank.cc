@@ -1168,16 +1168,17 @@ void Rank::Rendezvous() {
   CreateProcessGroup();
 }
 
+// Each rank publishes its WORLD_SIZE under world/RANK; a rank is there once
+// that key is. A rank other than 0 compares rank 0's WORLD_SIZE with its own
+// before it publishes: rank 0 can only find a mismatch, and end the store with
+// its exit, once the other rank has found it too, so both name it.
 void Rank::Join(const std::string& where, const char* secs) {
   const std::string me = std::to_string(p_.rank);
+  const std::string world = std::to_string(p_.world);
   if (store_->add("join/" + me, 1) > 1) {
     throw RankError("rank " + me + " joined the rendezvous at " + where +
                     " twice: two processes were started with RANK=" + me +
                     " (each needs its own), or that address is not this job's store");
-  }
-  {
-    const std::string w = std::to_string(p_.world);
-    store_->set("world/" + me, std::vector<uint8_t>(w.begin(), w.end()));
   }
   auto world_of = [&](int r) {
     const std::vector<uint8_t> v = store_->get("world/" + std::to_string(r));
@@ -1185,14 +1186,14 @@ void Rank::Join(const std::string& where, const char* secs) {
   };
   auto wait_for = [&](const std::vector<int>& ranks) {
     std::vector<std::string> keys;
-    for (int r : ranks) keys.push_back("join/" + std::to_string(r));
+    for (int r : ranks) keys.push_back("world/" + std::to_string(r));
     try {
       store_->wait(keys, timeout_);
     } catch (const std::exception& e) {
       std::vector<int> missing;
       for (int r : ranks) {
         try {
-          if (!store_->check({"join/" + std::to_string(r)})) missing.push_back(r);
+          if (!store_->check({"world/" + std::to_string(r)})) missing.push_back(r);
         } catch (const std::exception&) {
           throw RankError("lost the rendezvous store at " + where + " (rank 0 hosts it: it is gone)");
         }
@@ -1202,17 +1203,19 @@ void Rank::Join(const std::string& where, const char* secs) {
         list += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
       }
       throw RankError("waited " + std::string(secs) + " s at the rendezvous " + where + " for rank" +
-                      (missing.size() > 1 ? "s " : " ") + list + " of " + std::to_string(p_.world) +
+                      (missing.size() > 1 ? "s " : " ") + list + " of " + world +
                       ": are they started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
     }
   };
+  std::string w0 = world;
   if (p_.rank != 0) {
     wait_for({0});
-    const std::string w0 = world_of(0);
-    if (w0 != std::to_string(p_.world)) {
-      throw RankError("this rank has WORLD_SIZE=" + std::to_string(p_.world) + " but rank 0 has WORLD_SIZE=" +
-                      w0 + ": start every rank of a job with the same WORLD_SIZE");
-    }
+    w0 = world_of(0);
+  }
+  store_->set("world/" + me, std::vector<uint8_t>(world.begin(), world.end()));
+  if (w0 != world) {
+    throw RankError("this rank has WORLD_SIZE=" + world + " but rank 0 has WORLD_SIZE=" + w0 +
+                    ": start every rank of a job with the same WORLD_SIZE");
   }
   std::vector<int> all;
   for (int r = 0; r < p_.world; ++r) all.push_back(r);
@@ -1220,9 +1223,9 @@ void Rank::Join(const std::string& where, const char* secs) {
   if (p_.rank == 0) {
     for (int r = 1; r < p_.world; ++r) {
       const std::string w = world_of(r);
-      if (w != std::to_string(p_.world)) {
-        throw RankError("rank " + std::to_string(r) + " has WORLD_SIZE=" + w + " but this rank (0) has " +
-                        std::to_string(p_.world) + ": start every rank of a job with the same WORLD_SIZE");
+      if (w != world) {
+        throw RankError("rank " + std::to_string(r) + " has WORLD_SIZE=" + w + " but this rank (0) has " + world +
+                        ": start every rank of a job with the same WORLD_SIZE");
       }
     }
   }
