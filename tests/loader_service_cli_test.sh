@@ -26,6 +26,21 @@ serve() {
   pids+=("$SP")
 }
 
+# attached NAME: waits (up to 30 s) until serve NAME logs its consumer's attach,
+# then a moment more, so what follows lands mid-stream. (A fixed sleep was not
+# enough: under ASan on a loaded machine attaching took longer than 0.5 s, and
+# a signal sent before it tests something else.)
+attached() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    if grep -q " attached (" "$W/$1.log"; then
+      sleep 0.2
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "    (serve $1 logged no attach within 30 s)"
+}
 
 # nothing_left JOB NAME: no socket of JOB, /dev/shm as it was, no stray file here.
 nothing_left() {
@@ -93,7 +108,7 @@ serve k1 "${COMMON[@]}" --job-id "$JOB-k1"
 "$L" consume --job-id "$JOB-k1" --timeout 60 >"$W/k1c.out" 2>&1 &
 CP=$!
 pids+=("$CP")
-sleep 0.5
+attached k1
 kill -9 "$SP"
 wait_exit "$CP" 20
 check_rc $? 1 "consume fails when its producer is killed (not after its 60 s timeout)"
@@ -114,7 +129,7 @@ for sig in SEGV ABRT; do
   "$L" consume --job-id "$JOB-x$sig" --timeout 60 >"$W/x1c.out" 2>&1 &
   CP=$!
   pids+=("$CP")
-  sleep 0.5
+  attached x1
   kill -"$sig" "$SP"
   wait_exit "$CP" 20
   check_rc $? 1 "consume fails when its producer gets SIG$sig"
@@ -131,7 +146,7 @@ done
 serve k2 "${COMMON[@]}" --job-id "$JOB-k2"
 "$L" consume --job-id "$JOB-k2" >/dev/null 2>&1 &
 CP=$!
-sleep 0.5
+attached k2
 kill -9 "$CP"
 wait "$CP" 2>/dev/null
 wait_exit "$SP" 10
@@ -146,10 +161,9 @@ for i in 1 2 3 4 5 6; do
   serve k3 "${COMMON[@]}" --job-id "$JOB-k3-$i" --prefetch 1
   "$L" consume --job-id "$JOB-k3-$i" >/dev/null 2>&1 &
   CP=$!
-  # Killed while streaming, not before it attached (under ASan and a loaded
-  # machine attaching took longer than the random delay: the producer then
-  # rightly went on waiting for a consumer).
-  for ((j = 0; j < 200; j++)); do grep -q "attached" "$W/k3.log" && break; sleep 0.05; done
+  # Killed while streaming, not before it attached (the producer would then
+  # rightly go on waiting for a consumer).
+  attached k3
   sleep "0.$((RANDOM % 4 + 2))"
   kill -9 "$CP"
   wait "$CP" 2>/dev/null
@@ -167,7 +181,7 @@ serve t1 "${COMMON[@]}" --job-id "$JOB-t1"
 "$L" consume --job-id "$JOB-t1" --timeout 60 >"$W/t1c.out" 2>&1 &
 CP=$!
 pids+=("$CP")
-sleep 0.5
+attached t1
 kill -TERM "$SP"
 wait_exit "$SP" 10
 check_rc $? 143 "SIGTERM: serve exits 128+15"
@@ -180,7 +194,7 @@ serve t2 "${COMMON[@]}" --job-id "$JOB-t2"
 "$L" consume --job-id "$JOB-t2" >"$W/t2c.out" 2>&1 &
 CP=$!
 pids+=("$CP")
-sleep 0.5
+attached t2
 kill -INT "$CP"
 wait_exit "$CP" 10
 check_rc $? 130 "SIGINT: consume exits 128+2"
@@ -200,7 +214,7 @@ serve s1 "${COMMON[@]}" --job-id "$JOB-s1"
 "$L" consume --job-id "$JOB-s1" --timeout 1 >"$W/s1c.out" 2>&1 &
 CP=$!
 pids+=("$CP")
-sleep 0.5
+attached s1
 kill -STOP "$SP"
 wait_exit "$CP" 20
 check_rc $? 2 "consume gives up after --timeout on a SIGSTOPped producer (exit 2)"
@@ -219,7 +233,7 @@ serve o1 "${COMMON[@]}" --job-id "$JOB-o1"
 "$L" consume --job-id "$JOB-o1" >/dev/null 2>&1 &
 CP=$!
 pids+=("$CP")
-sleep 0.5
+attached o1
 expect_rc 1 "a second consumer is refused" "$L" consume --job-id "$JOB-o1" --batches 1 --timeout 5
 expect_text "already has a consumer (pid $CP)" "it is told which process holds the rank"
 expect_rc 1 "a second producer for the same job and rank is refused" \
@@ -274,6 +288,8 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
   expect_rc 1 "a consumer of another uid is refused by the producer" \
     "${AS_NOBODY[@]}" "$L" consume --job-id "$JOB-u1" --batches 1 --timeout 5
   expect_text "it runs as uid 0, and this consumer as uid 65534" "the consumer refuses it too, saying why"
+  # The producer logs the refusal after sending it: the consumer may be gone first.
+  for ((i = 0; i < 50; i++)); do grep -q "refused a consumer" "$W/u1.log" && break; sleep 0.1; done
   if grep -q "refused a consumer: pid .* runs as uid 65534" "$W/u1.log"; then ok "the producer logs the refusal"; else fail "$(cat "$W/u1.log")"; fi
   expect_rc_stdout 0 "the producer still serves its own user" "$L" consume --job-id "$JOB-u1" --batches 2
   wait_exit "$SP" 10 >/dev/null

@@ -482,26 +482,38 @@ class Heartbeat {
   // The other ranks' last heartbeats, in words: who is behind or silent.
   // PeersNow with a deadline: the store lives in rank 0's process, which may
   // be the one that is stopped (a store call would then block for good).
-  std::string Peers() const {
-    auto result = std::make_shared<std::promise<std::string>>();
-    std::future<std::string> f = result->get_future();
+  // *behind (if given) says whether some rank was silent or stuck outside a
+  // collective (the text then names it).
+  std::string Peers(bool* behind = nullptr) const {
+    struct Answer {
+      std::string text;
+      bool behind = false;
+    };
+    auto result = std::make_shared<std::promise<Answer>>();
+    std::future<Answer> f = result->get_future();
+    if (behind) *behind = false;
     // The thread gets copies, not `this`: after a timeout it outlives the
     // Heartbeat (the rank unwinds while the store call still blocks).
     std::thread([a = a_, rank = rank_, world = world_, result] {
+      Answer an;
       try {
-        result->set_value(PeersNow(a, rank, world));
+        an.text = PeersNow(a, rank, world, &an.behind);
       } catch (...) {
-        result->set_value("the rendezvous store (hosted by rank 0) failed to answer");
+        an.text = "the rendezvous store (hosted by rank 0) failed to answer";
       }
+      result->set_value(an);
     }).detach();  // left behind only when rank 0's store hangs; this process is about to end
     if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
       return "the rendezvous store (hosted by rank 0) does not answer within 5 s: rank 0 is stopped or hung";
     }
-    return f.get();
+    Answer an = f.get();
+    if (behind) *behind = an.behind;
+    return an.text;
   }
+  int rank() const { return rank_; }
 
  private:
-  static std::string PeersNow(const StoreAddress& a, int self, int world) {
+  static std::string PeersNow(const StoreAddress& a, int self, int world, bool* behind) {
     c10::intrusive_ptr<c10d::Store> st;
     try {
       st = ConnectStore(a, std::chrono::milliseconds(3000));
@@ -539,6 +551,7 @@ class Heartbeat {
     } catch (const std::exception&) {
       return "the rendezvous store (hosted by rank 0) stopped answering: rank 0 is stopped, hung or gone";
     }
+    *behind = !silent.empty() || !waiting.empty();
     if (!silent.empty()) return "no heartbeat from the rank it waits for: " + silent + (waiting.empty() ? "" : "; " + waiting);
     if (!waiting.empty()) return "the rank it waits for: " + waiting;
     return "every other rank still sends heartbeats and none is stuck outside a collective";
@@ -633,7 +646,17 @@ class Comm {
                       ") for a peer that did not come: " +
                       (hb_ ? hb_->Peers() : std::string("no heartbeats to tell which")) + " [" + cause + "]");
     }
-    throw RankError("lost a peer in a collective (" + what + "): " + cause);
+    // The peer is gone. Rank 0 hosts the store, so it can still read the
+    // heartbeats at once: a peer that gave up waiting for its data (and
+    // closed the connection first) is named, not only "connection closed".
+    // (Another rank would wait for a store that may be gone with rank 0.)
+    std::string last;
+    if (hb_ && hb_->rank() == 0) {
+      bool behind = false;
+      const std::string peers = hb_->Peers(&behind);
+      if (behind) last = "; before that, " + peers;
+    }
+    throw RankError("lost a peer in a collective (" + what + "): " + cause + last);
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
