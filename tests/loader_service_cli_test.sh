@@ -26,21 +26,21 @@ serve() {
   pids+=("$SP")
 }
 
-# attached NAME: waits (up to 30 s) until serve NAME logs its consumer's attach,
-# then a moment more, so what follows lands mid-stream. (A fixed sleep was not
-# enough: under ASan on a loaded machine attaching took longer than 0.5 s, and
-# a signal sent before it tests something else.)
-attached() {
+# logged NAME TEXT: waits (up to 30 s) until serve NAME's log holds TEXT.
+logged() {
   local i
   for ((i = 0; i < 600; i++)); do
-    if grep -q " attached (" "$W/$1.log"; then
-      sleep 0.2
-      return 0
-    fi
+    grep -qF -- "$2" "$W/$1.log" && return 0
     sleep 0.05
   done
-  echo "    (serve $1 logged no attach within 30 s)"
+  echo "    (serve $1 did not log '$2' within 30 s)"
+  return 1
 }
+# attached NAME: waits until serve NAME logs its consumer's attach, then a
+# moment more, so what follows lands mid-stream. (A fixed sleep was not
+# enough: under ASan on a loaded machine attaching took longer than 0.5 s, and
+# a signal sent before it tests something else.)
+attached() { logged "$1" " attached (" && sleep 0.2; }
 
 # nothing_left JOB NAME: no socket of JOB, /dev/shm as it was, no stray file here.
 nothing_left() {
@@ -289,7 +289,7 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
     "${AS_NOBODY[@]}" "$L" consume --job-id "$JOB-u1" --batches 1 --timeout 5
   expect_text "it runs as uid 0, and this consumer as uid 65534" "the consumer refuses it too, saying why"
   # The producer logs the refusal after sending it: the consumer may be gone first.
-  for ((i = 0; i < 50; i++)); do grep -q "refused a consumer" "$W/u1.log" && break; sleep 0.1; done
+  logged u1 "refused a consumer"
   if grep -q "refused a consumer: pid .* runs as uid 65534" "$W/u1.log"; then ok "the producer logs the refusal"; else fail "$(cat "$W/u1.log")"; fi
   expect_rc_stdout 0 "the producer still serves its own user" "$L" consume --job-id "$JOB-u1" --batches 2
   wait_exit "$SP" 10 >/dev/null
@@ -304,7 +304,7 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
     "$L" consume --job-id "$JOB-u2" --batches 1 --timeout 5
   expect_text "it runs as uid 65534, and this consumer as uid 0" "saying whose it is"
   # The producer logs the refusal after sending it: the consumer may be gone first.
-  for ((i = 0; i < 50; i++)); do grep -q "refused a consumer" "$W/u2.log" && break; sleep 0.1; done
+  logged u2 "refused a consumer"
   if grep -q "refused a consumer: pid .* runs as uid 0, not 65534" "$W/u2.log"; then ok "that producer refuses root's consumer too"; else fail "$(cat "$W/u2.log")"; fi
   kill -TERM "$SP"
   wait_exit "$SP" 10

@@ -279,6 +279,25 @@ else
 fi
 kill -9 "$RS" 2>/dev/null
 nothing_left "trainer-$PORT-" "after rank 0 stalled"
+# A rank stalled, then killed before rank 0's --timeout: rank 0 loses the peer
+# (not a timeout) and still says, from the heartbeats, that it had gone silent.
+next_port
+start_training stallkill "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 50 \
+  --timeout 120 --master-port "$PORT"
+LP=$BG
+sleep 1
+RS=$(rank_pid "$LP" 1)
+kill -STOP "$RS"
+sleep 5
+kill -9 "$RS"
+wait_exit "$LP" 40
+check_rc $? 1 "rank 1 stalled 5 s, then killed: the launcher exits 1 (${SECS} s, --timeout 120)"
+if grep -Eq "^trainer rank 0: error: lost a peer in a collective .*; before that, no heartbeat from the rank it waits for: rank 1 silent for [0-9.]+ s" "$W/stallkill.out"; then
+  ok "rank 0 names rank 1 as silent before it was lost"
+else
+  fail "stalled, then killed: $(tail -3 "$W/stallkill.out")"
+fi
+nothing_left "trainer-$PORT-" "after a stalled rank was killed"
 # A loader service stopped before it opens its ring: named within --timeout.
 # (--loader-bin: a wrapper that stops itself before it runs the loader, so the
 # stop lands before the ring opens however fast or slow this machine is.)
