@@ -32,8 +32,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "loader/ring/child_process.h"
-#include "formats/worker_pool.h"
+#include "base/child_process.h"
+#include "base/worker_pool.h"
 #include "loader/cli/cli_options.h"
 #include "loader/pipeline/pipeline.h"
 #include "loader/plan/affinity.h"
@@ -422,8 +422,8 @@ std::vector<std::string> PythonChildEnvironment(const std::string& pythonpath) {
 nl::Status ConsumePython(const Args& a, int rank, nl::proc::ChildProcess* serve, int log_fd,
                          Consumed* out) {
   NL_ASSIGN_OR_RETURN(std::string pythonpath, PythonPackageParent());
-  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_out, nl::proc::MakeLogFd("numa_loader-consume-out"));
-  NL_ASSIGN_OR_RETURN(nl::ring::Fd py_err, nl::proc::MakeLogFd("numa_loader-consume-err"));
+  NL_ASSIGN_OR_RETURN(nl::Fd py_out, nl::proc::MakeLogFd("numa_loader-consume-out"));
+  NL_ASSIGN_OR_RETURN(nl::Fd py_err, nl::proc::MakeLogFd("numa_loader-consume-err"));
   // clang-format off
   const std::vector<std::string> cmd = {
       "/usr/bin/python3", "-m", "numa_loader.consume", "--json",
@@ -479,7 +479,7 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   const uint32_t threads = RankThreads(a, plan);
   nl::Result<std::string> loader = LoaderPath(a);
   if (!loader.ok()) return error(loader.status());
-  nl::Result<nl::ring::Fd> log = nl::proc::MakeLogFd("loader-serve-log");
+  nl::Result<nl::Fd> log = nl::proc::MakeLogFd("loader-serve-log");
   if (!log.ok()) return error(log.status());
   const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();

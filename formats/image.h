@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "formats/record.h"
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

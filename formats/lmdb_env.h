@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 
 namespace nl {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

@@ -16,7 +16,7 @@
 #include <mutex>
 
 #include "formats/crc32c.h"
-#include "formats/file_util.h"
+#include "base/file_util.h"
 
 namespace nl {
 namespace {

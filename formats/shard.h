@@ -22,7 +22,7 @@
 #include "formats/lmdb_env.h"
 #include "formats/manifest.h"
 #include "formats/record.h"
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "tests/support/test_util.h"
 
 namespace nl {

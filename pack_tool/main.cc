@@ -12,12 +12,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/manifest.h"
 #include "formats/pack/cifar_source.h"
 #include "formats/pack/pack.h"
 #include "formats/pack/verify.h"
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 namespace {
 

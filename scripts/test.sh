@@ -36,7 +36,7 @@ read -r -a extra_args <<<"${NL_CMAKE_ARGS:-}"
 cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" ${extra_args[@]+"${extra_args[@]}"} >/dev/null
 cd "$build_dir"
 if [ -n "$tests_regex" ]; then
-  cmake --build . -j "$jobs" --target formats_test loader_pipeline_test ring_test staging_test
+  cmake --build . -j "$jobs" --target base_test formats_test loader_pipeline_test ring_test staging_test
   ctest -j "$jobs" --output-on-failure --timeout 600 -R "$tests_regex"
 else
   cmake --build . -j "$jobs"

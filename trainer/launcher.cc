@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "loader/ring/child_process.h"
+#include "base/child_process.h"
 #include "loader/ring/ring_socket.h"
 
 namespace nl::trainer {

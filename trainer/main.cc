@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/child_process.h"
 #include "formats/manifest.h"
 #include "loader/plan/job_plan.h"
 #include "trainer/launcher.h"
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
     const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
     p.agent_store = agent && std::string(agent) == "True";
     p.launched_by_us = std::getenv("NL_TRAINER_LAUNCHED") != nullptr;
+    p.failure_fd = nl::proc::TakeFailureFd(std::getenv(nl::proc::kFailureFdVariable));
     if (o.simulate_slow_rank >= world) {
       return fail("--simulate-slow-rank " + std::to_string(o.simulate_slow_rank) + " is not a rank of " +
                   std::to_string(world));

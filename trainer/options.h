@@ -63,6 +63,7 @@ struct Placement {
   std::string job_id;          // shared by the job's loader services
   bool agent_store = false;    // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
   bool launched_by_us = false;
+  int failure_fd = -1;         // where the rank reports why it failed (base/child_process.h), or -1
 };
 
 }  // namespace nl::trainer

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "formats/manifest.h"
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/plan/job_plan.h"
 #include "trainer/options.h"
 

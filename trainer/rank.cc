@@ -33,13 +33,13 @@
 #include <stdexcept>
 #include <thread>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/manifest.h"
 #include "loader/pipeline/pipeline.h"
 #include "loader/plan/affinity.h"
 #include "loader/plan/cpu_list.h"
 #include "loader/plan/job_plan.h"
-#include "loader/ring/child_process.h"
+#include "base/child_process.h"
 #include "loader/ring/client.h"
 #include "loader/ring/ring_socket.h"
 #include "loader/staging/staging.h"
@@ -338,7 +338,7 @@ class ServiceSource : public BatchSource {
  private:
   double timeout_s_;
   Geometry g_;
-  ring::Fd log_;
+  Fd log_;
   proc::ChildProcess serve_;
   pid_t pid_ = 0;
   double cpu_s_ = 0;

@@ -7,7 +7,7 @@
 #include <random>
 #include <sstream>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 
 namespace nl {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/pack/source.h"
 
 namespace nl {

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "tests/support/test_util.h"
 
 namespace nl {

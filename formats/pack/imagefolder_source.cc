@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <utility>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 
 namespace nl {
 namespace {

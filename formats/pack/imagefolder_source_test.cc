@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "tests/support/test_util.h"
 
 namespace nl {

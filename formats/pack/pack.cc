@@ -12,11 +12,11 @@
 #include <set>
 #include <thread>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/pack/imagefolder_source.h"
 #include "formats/record.h"
 #include "formats/shard.h"
-#include "formats/worker_pool.h"
+#include "base/worker_pool.h"
 
 namespace nl {
 

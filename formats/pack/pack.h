@@ -31,7 +31,7 @@
 #include "formats/manifest.h"
 #include "formats/pack/cifar_source.h"
 #include "formats/pack/source.h"
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

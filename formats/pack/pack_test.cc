@@ -12,7 +12,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/lmdb_env.h"
 #include "formats/pack/verify.h"
 #include "formats/shard.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "formats/image.h"
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

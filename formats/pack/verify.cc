@@ -6,11 +6,11 @@
 #include <mutex>
 
 #include "formats/crc32c.h"
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/pack/pack.h"
 #include "formats/record.h"
 #include "formats/shard.h"
-#include "formats/worker_pool.h"
+#include "base/worker_pool.h"
 
 namespace nl {
 namespace {

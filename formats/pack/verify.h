@@ -6,7 +6,7 @@
 
 #include "formats/image.h"
 #include "formats/manifest.h"
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

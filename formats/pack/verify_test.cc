@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/pack/cifar_source.h"
 #include "formats/pack/pack.h"
 #include "tests/support/test_util.h"

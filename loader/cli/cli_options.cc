@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 namespace nl {
 

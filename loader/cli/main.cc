@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/manifest.h"
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 #include "formats/shard.h"
 #include "loader/cli/cli_options.h"
 #include "loader/cli/serve_consume.h"

@@ -11,9 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "formats/file_util.h"
-#include "formats/parse_number.h"
-#include "formats/worker_pool.h"
+#include "base/child_process.h"
+#include "base/file_util.h"
+#include "base/parse_number.h"
+#include "base/worker_pool.h"
 #include "loader/plan/affinity.h"
 #include "loader/ring/client.h"
 
@@ -34,8 +35,12 @@ void InstallStopHandlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
+// The failure channel of a parent that started us (the trainer's rank), or -1.
+int g_failure_fd = -1;
+
 int Fail(const std::string& who, const Status& s) {
   std::fprintf(stderr, "%s: error: %s\n", who.c_str(), s.ToString().c_str());
+  proc::WriteFailureReport(g_failure_fd, proc::FailureKind::kOwn, s.ToString());
   return 1;
 }
 
@@ -104,6 +109,7 @@ CLI::App* AddServe(CLI::App* app, ServeArgs* a) {
 
 int RunServe(ServeArgs& a) {
   const std::string tool = "loader serve";
+  g_failure_fd = proc::TakeFailureFd(std::getenv(proc::kFailureFdVariable));
   PipelineConfig& pc = a.service.pipeline;
   Status st = FinishPipelineOptions(a.pflags, &pc);
   if (st.ok()) st = FinishTransformOptions(a.tflags, &pc.transform);

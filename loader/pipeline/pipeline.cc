@@ -12,7 +12,7 @@
 
 #include "formats/manifest.h"
 #include "formats/shard.h"
-#include "formats/worker_pool.h"
+#include "base/worker_pool.h"
 #include "loader/pipeline/sample_path.h"
 
 namespace nl {

@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "formats/image.h"
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/pipeline/sampler.h"
 #include "loader/pipeline/transforms.h"
 

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/pack/pack.h"
 #include "formats/shard.h"
 #include "tests/support/test_util.h"

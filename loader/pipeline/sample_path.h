@@ -14,7 +14,7 @@
 
 #include "formats/image.h"
 #include "formats/shard.h"
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/pipeline/transforms.h"
 
 namespace nl {

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/pipeline/resize.h"
 
 namespace nl {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 namespace nl {
 namespace {

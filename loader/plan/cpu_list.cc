@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 namespace nl {
 Result<CpuList> ParseCpuList(const std::string& text) {

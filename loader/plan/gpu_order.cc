@@ -3,7 +3,7 @@
 #include <cctype>
 #include <cstdio>
 
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 namespace nl {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/plan/topology.h"
 
 namespace nl {

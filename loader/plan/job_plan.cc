@@ -1,6 +1,6 @@
 #include "loader/plan/job_plan.h"
 
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 namespace nl {
 namespace {

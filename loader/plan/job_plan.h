@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/plan/binding.h"
 #include "loader/plan/gpu_order.h"
 #include "loader/plan/topology.h"

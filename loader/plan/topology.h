@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/plan/cpu_list.h"
 
 namespace nl {

@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/ring/ring_layout.h"
 
 namespace nl {

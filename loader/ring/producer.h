@@ -24,7 +24,7 @@
 #include <memory>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/pipeline/pipeline.h"
 #include "loader/ring/ring_layout.h"
 

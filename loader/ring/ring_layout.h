@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/pipeline/pipeline.h"
 
 namespace nl::ring {

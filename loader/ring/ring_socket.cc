@@ -27,11 +27,6 @@ Result<socklen_t> AbstractAddress(const std::string& name, sockaddr_un* addr) {
 
 }  // namespace
 
-void Fd::Reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 Result<Fd> ListenAbstract(const std::string& name) {
   sockaddr_un addr;
   NL_ASSIGN_OR_RETURN(socklen_t len, AbstractAddress(name, &addr));

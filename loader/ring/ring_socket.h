@@ -9,33 +9,12 @@
 #include <string>
 #include <utility>
 
-#include "formats/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace nl::ring {
 
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void Reset();
-
- private:
-  int fd_ = -1;
-};
+using nl::Fd;  // an owned descriptor (base/fd.h)
 
 struct PeerCred {
   pid_t pid = 0;

@@ -11,7 +11,7 @@
 #include <functional>
 #include <thread>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/image.h"
 #include "formats/manifest.h"
 #include "formats/record.h"

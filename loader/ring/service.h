@@ -14,7 +14,7 @@
 #include <functional>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/pipeline/pipeline.h"
 
 namespace nl {

@@ -47,7 +47,7 @@
 #include <memory>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/ring/client.h"
 
 namespace nl {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "formats/status.h"
+#include "base/status.h"
 #include "loader/staging/staging.h"
 
 namespace nl {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/image.h"
 
 int main() {

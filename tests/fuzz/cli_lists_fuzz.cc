@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 #include "loader/plan/binding.h"
 #include "loader/plan/cpu_list.h"
 

@@ -12,7 +12,7 @@
 #include <stdexcept>
 
 #include "formats/crc32c.h"
-#include "formats/file_util.h"
+#include "base/file_util.h"
 #include "formats/shard.h"
 
 namespace nl::testing {

@@ -1,5 +1,5 @@
 // Numbers from text: every rejection names the value's source and quotes the text.
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The worker pool: hooks before bodies, errors and exceptions as values, the
 // inline mode, and refusing absurd thread counts before starting anything.
-#include "formats/worker_pool.h"
+#include "base/worker_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -18,14 +18,47 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
-#include "loader/ring/ring_socket.h"  // ring::Fd, an owned descriptor
+#include "base/status.h"
+#include "base/fd.h"
 
 namespace nl::proc {
+
+// Why a process failed, as a value its parent reads: never worked out from
+// the wording of its human message. A child started with a failure channel
+// writes one line there before it exits with an error (WriteFailureReport);
+// the parent finds it in ChildExit::failure.
+enum class FailureKind : uint8_t {
+  kNone,  // nothing reported: it succeeded, was killed, or failed before it could say
+  kOwn,   // its own failure: bad data or options, a resource it lacked, a bug
+  kEcho,  // only the consequence of another process's failure or stall: a peer
+          // lost in a collective, a collective or rendezvous timeout, the
+          // rendezvous store gone
+};
+const char* FailureKindName(FailureKind k);  // "none", "own", "echo"
+
+struct FailureReport {
+  FailureKind kind = FailureKind::kNone;
+  std::string message;  // the child's own one-line account ("" when none)
+};
+
+// The variable that tells a child its channel's descriptor number.
+inline constexpr const char* kFailureFdVariable = "NL_FAILURE_FD";
+
+// Child side. The command line reads kFailureFdVariable and passes its value
+// here: the descriptor, now close-on-exec (so grandchildren never write to
+// it), or -1 when the value is absent or not an open descriptor.
+int TakeFailureFd(const char* value);
+// Writes "nl-failure 1 <kind> <message>" (newlines in the message become
+// spaces; cut at 2 KiB) to fd; nothing when fd < 0. Best effort.
+void WriteFailureReport(int fd, FailureKind kind, const std::string& message);
+// Parent side (and tests): the report in what a channel held; kNone when it
+// holds none, or only a malformed one.
+FailureReport ParseFailureReport(const std::string& bytes);
 
 struct ChildExit {
   int status = 0;  // as waitpid's
   rusage usage{};  // the child's own resources (its CPU time)
+  FailureReport failure;  // from its failure channel, if it was given one
   // "exit status 3", "killed by signal 9".
   std::string Describe() const;
   bool Succeeded() const;
@@ -36,10 +69,12 @@ class ChildProcess {
   // Runs args[0] (a path) with args, the environment plus `extra_env`
   // ("NAME=value", replacing a variable of that name), stdout and stderr on
   // the given descriptors (-1: inherited). An exec failure is an error here,
-  // with the path and errno.
+  // with the path and errno. With failure_channel, the child gets a pipe's
+  // write end named by kFailureFdVariable, and what it reports there is in
+  // its ChildExit; without, that variable is removed from its environment.
   static Result<ChildProcess> Start(const std::vector<std::string>& args,
                                     const std::vector<std::string>& extra_env, int stdout_fd,
-                                    int stderr_fd);
+                                    int stderr_fd, bool failure_channel = false);
   ChildProcess() = default;
   ~ChildProcess();
   ChildProcess(ChildProcess&& o) noexcept;
@@ -58,8 +93,11 @@ class ChildProcess {
 
  private:
   explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  // Once reaped: the failure channel's report into exit_.
+  void Reaped();
   pid_t pid_ = -1;  // -1 once reaped
   ChildExit exit_;  // once reaped
+  Fd failure_read_;  // the failure channel's read end (none: invalid)
 };
 
 // The last `max_lines` lines of what a descriptor (a memfd or file the child
@@ -68,6 +106,6 @@ std::string TailOf(int fd, int max_lines);
 // Every line of it that contains `needle`.
 std::vector<std::string> LinesWith(int fd, const std::string& needle);
 // A descriptor for a child's output: an anonymous memory file (nothing on disk).
-Result<ring::Fd> MakeLogFd(const char* name);
+Result<Fd> MakeLogFd(const char* name);
 
 }  // namespace nl::proc

@@ -1,4 +1,4 @@
-#include "formats/parse_number.h"
+#include "base/parse_number.h"
 
 #include <charconv>
 #include <cmath>

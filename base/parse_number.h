@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 

@@ -1,4 +1,4 @@
-#include "loader/ring/child_process.h"
+#include "base/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -25,14 +25,79 @@ std::string ChildExit::Describe() const {
 
 bool ChildExit::Succeeded() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
+const char* FailureKindName(FailureKind k) {
+  switch (k) {
+    case FailureKind::kOwn:
+      return "own";
+    case FailureKind::kEcho:
+      return "echo";
+    case FailureKind::kNone:
+      break;
+  }
+  return "none";
+}
+
+namespace {
+constexpr const char kReportTag[] = "nl-failure 1 ";
+constexpr size_t kMaxReportMessage = 2048;
+}  // namespace
+
+int TakeFailureFd(const char* value) {
+  if (value == nullptr || *value == '\0') return -1;
+  int fd = 0;
+  for (const char* c = value; *c; ++c) {
+    if (*c < '0' || *c > '9' || fd > 1000000) return -1;
+    fd = fd * 10 + (*c - '0');
+  }
+  const int flags = fcntl(fd, F_GETFD);
+  if (flags < 0) return -1;
+  fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  return fd;
+}
+
+void WriteFailureReport(int fd, FailureKind kind, const std::string& message) {
+  if (fd < 0 || kind == FailureKind::kNone) return;
+  std::string line = kReportTag;
+  line += FailureKindName(kind);
+  line += ' ';
+  for (char c : message.substr(0, kMaxReportMessage)) line += (c == '\n' || c == '\r') ? ' ' : c;
+  line += '\n';
+  ssize_t w;
+  do {
+    w = write(fd, line.data(), line.size());  // under PIPE_BUF: one atomic write
+  } while (w < 0 && errno == EINTR);
+}
+
+FailureReport ParseFailureReport(const std::string& bytes) {
+  FailureReport r;
+  const size_t at = bytes.rfind(kReportTag);  // the last report counts
+  if (at == std::string::npos || (at > 0 && bytes[at - 1] != '\n')) return r;
+  const size_t end = bytes.find('\n', at);
+  if (end == std::string::npos) return r;  // cut short: not a report
+  const std::string body = bytes.substr(at + sizeof kReportTag - 1, end - at - (sizeof kReportTag - 1));
+  const size_t sp = body.find(' ');
+  const std::string kind = body.substr(0, sp);
+  if (kind == "own") {
+    r.kind = FailureKind::kOwn;
+  } else if (kind == "echo") {
+    r.kind = FailureKind::kEcho;
+  } else {
+    return r;
+  }
+  r.message = sp == std::string::npos ? "" : body.substr(sp + 1);
+  return r;
+}
+
 namespace {
 
-// The environment with `extra` ("NAME=value") put in place of same-named entries.
+// The environment with `extra` ("NAME=value") put in place of same-named
+// entries, less a failure channel of ours (a child has its own, or none).
 std::vector<std::string> MergedEnvironment(const std::vector<std::string>& extra) {
   std::vector<std::string> env;
+  const std::string channel = std::string(kFailureFdVariable) + "=";
   for (char** e = environ; e && *e; ++e) {
     const std::string entry(*e);
-    bool replaced = false;
+    bool replaced = entry.rfind(channel, 0) == 0;
     for (const std::string& x : extra) {
       const size_t eq = x.find('=');
       if (eq != std::string::npos && entry.compare(0, eq + 1, x, 0, eq + 1) == 0) replaced = true;
@@ -54,17 +119,30 @@ std::vector<char*> Pointers(std::vector<std::string>& v) {
 
 Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
                                          const std::vector<std::string>& extra_env, int stdout_fd,
-                                         int stderr_fd) {
+                                         int stderr_fd, bool failure_channel) {
   if (args.empty()) return Status::InvalidArgument("ChildProcess::Start: no program");
+  Fd failure_read, failure_write;
+  if (failure_channel) {
+    int f[2];
+    if (pipe2(f, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return Status::FromErrno("cannot make a pipe to start " + args[0], errno);
+    }
+    failure_read = Fd(f[0]);
+    failure_write = Fd(f[1]);
+  }
   // Everything the child needs is built before fork: after it, in a process
   // that may have threads, the child only makes async-signal-safe calls.
   std::vector<std::string> argv_s = args, env_s = MergedEnvironment(extra_env);
+  if (failure_channel) {
+    env_s.push_back(std::string(kFailureFdVariable) + "=" + std::to_string(failure_write.get()));
+  }
   std::vector<char*> argv = Pointers(argv_s), envp = Pointers(env_s);
   int report[2];  // the exec's errno comes back here; a close-on-exec pipe
   if (pipe2(report, O_CLOEXEC) != 0) {
     return Status::FromErrno("cannot make a pipe to start " + args[0], errno);
   }
-  ring::Fd report_read(report[0]), report_write(report[1]);
+  Fd report_read(report[0]), report_write(report[1]);
+  const int channel_fd = failure_write.get();
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return Status::FromErrno("cannot fork to start " + args[0], errno);
@@ -74,6 +152,7 @@ Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
     if (err == 0 && getppid() != parent) _exit(127);  // the parent died before the prctl
     if (err == 0 && stdout_fd >= 0 && dup2(stdout_fd, 1) < 0) err = errno;
     if (err == 0 && stderr_fd >= 0 && dup2(stderr_fd, 2) < 0) err = errno;
+    if (err == 0 && channel_fd >= 0 && fcntl(channel_fd, F_SETFD, 0) != 0) err = errno;  // kept across exec
     if (err == 0) {
       execve(argv[0], argv.data(), envp.data());
       err = errno;
@@ -83,6 +162,8 @@ Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
     _exit(127);
   }
   ChildProcess child(pid);
+  child.failure_read_ = std::move(failure_read);
+  failure_write.Reset();
   report_write.Reset();
   int err = 0;
   ssize_t n;
@@ -98,15 +179,31 @@ Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
 ChildProcess::~ChildProcess() { Kill(); }
 
 ChildProcess::ChildProcess(ChildProcess&& o) noexcept
-    : pid_(std::exchange(o.pid_, -1)), exit_(o.exit_) {}
+    : pid_(std::exchange(o.pid_, -1)), exit_(o.exit_), failure_read_(std::move(o.failure_read_)) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
   if (this != &o) {
     Kill();
     pid_ = std::exchange(o.pid_, -1);
     exit_ = o.exit_;
+    failure_read_ = std::move(o.failure_read_);
   }
   return *this;
+}
+
+void ChildProcess::Reaped() {
+  pid_ = -1;
+  if (!failure_read_.valid()) return;
+  std::string bytes;
+  char buf[4096];
+  while (bytes.size() < 65536) {  // non-blocking: what the child wrote before it ended
+    const ssize_t n = read(failure_read_.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+  failure_read_.Reset();
+  exit_.failure = ParseFailureReport(bytes);
 }
 
 void ChildProcess::Kill() {
@@ -114,7 +211,7 @@ void ChildProcess::Kill() {
   kill(pid_, SIGKILL);
   while (wait4(pid_, &exit_.status, 0, &exit_.usage) < 0 && errno == EINTR) {
   }
-  pid_ = -1;
+  Reaped();
 }
 
 bool ChildProcess::Exited(ChildExit* e) {
@@ -123,7 +220,7 @@ bool ChildProcess::Exited(ChildExit* e) {
     const pid_t r = wait4(pid_, &got.status, WNOHANG, &got.usage);
     if (r == 0 || (r < 0 && errno == EINTR)) return false;
     exit_ = got;  // (r < 0: not ours to wait for any more)
-    pid_ = -1;
+    Reaped();
   }
   if (e) *e = exit_;
   return true;
@@ -142,9 +239,9 @@ Result<ChildExit> ChildProcess::WaitFor(double timeout_s, const std::string& wha
         return Status::FromErrno("waiting for " + what, err);
       }
     }
-    pid_ = -1;
     exit_ = e;
-    return e;
+    Reaped();
+    return exit_;
   }
   while (!Exited(&e)) {
     if (std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) {
@@ -202,10 +299,10 @@ std::vector<std::string> LinesWith(int fd, const std::string& needle) {
   return out;
 }
 
-Result<ring::Fd> MakeLogFd(const char* name) {
+Result<Fd> MakeLogFd(const char* name) {
   const int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return Status::FromErrno(std::string("cannot make a memory file for ") + name, errno);
-  return ring::Fd(fd);
+  return Fd(fd);
 }
 
 }  // namespace nl::proc

@@ -1,4 +1,4 @@
-#include "formats/file_util.h"
+#include "base/file_util.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -119,8 +119,40 @@ Status FsyncDir(const std::string& dir) {
   return Status::Ok();
 }
 
+std::string TemporaryPath(const std::string& path) {
+  return path + ".tmp-" + std::to_string(::getpid());
+}
+
+std::string TemporaryBaseName(const std::string& name) {
+  const size_t at = name.rfind(".tmp-");
+  if (at == std::string::npos || at == 0 || at + 5 >= name.size()) return "";
+  if (name.find_first_not_of("0123456789", at + 5) != std::string::npos) return "";
+  return name.substr(0, at);
+}
+
+std::vector<std::string> RemoveStaleTemporaries(
+    const std::string& dir,
+    const std::function<bool(const std::string& path, const std::string& base)>& is_stale) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string base = TemporaryBaseName(name);
+    if (base.empty()) continue;
+    const std::string full = (fs::path(dir) / name).string();
+    if (!is_stale(full, base)) continue;
+    if (RemoveAll(full).ok()) removed.push_back(full);
+  }
+  return removed;
+}
+
 Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  struct stat target {};
+  if (::lstat(path.c_str(), &target) == 0 && !S_ISREG(target.st_mode) && !S_ISLNK(target.st_mode)) {
+    return Status::InvalidArgument("will not replace " + path +
+                                   ": it is not a regular file (a device, FIFO, socket or directory)");
+  }
+  const std::string tmp = TemporaryPath(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
   // A file replaced keeps its mode (one its owner opened to others stays

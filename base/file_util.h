@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
 
@@ -34,8 +34,26 @@ Status WriteFile(const std::string& path, const void* data, size_t n);
 // it afterwards (std::ofstream, fopen: 0666 less the umask) writes a file
 // that is its user's only. An existing file is left as it is.
 Status CreatePrivateFile(const std::string& path);
-// Writes to "<path>.tmp-<pid>", fsyncs, renames over path, fsyncs the directory.
+// The one atomic writer of the project (checkpoints, metrics, charts,
+// manifests, previews, exports): writes TemporaryPath(path) (mode 0600, or
+// the mode of the file it replaces), fsyncs it, renames it over path, fsyncs
+// the directory. A path that is something other than a regular file or a
+// link (a device, FIFO, socket or directory) is refused, not replaced. On
+// failure the temporary is removed and the error names path and errno.
 Status WriteFileAtomically(const std::string& path, const std::string& contents);
+// The one temporary naming: "<path>.tmp-<pid>" (files and directories alike).
+// The pid only makes the name unique; it says nothing of liveness.
+std::string TemporaryPath(const std::string& path);
+// For a name of that form, the name it stands in for ("a.pt.tmp-12" ->
+// "a.pt"); "" for any other name.
+std::string TemporaryBaseName(const std::string& name);
+// Removes, in dir, every temporary (by the naming above) for which
+// is_stale(its full path, the base name it stands in for) is true, files and
+// directories alike; returns the full paths removed. The caller decides what
+// stale means (a lock no one holds; outputs it holds locked itself).
+std::vector<std::string> RemoveStaleTemporaries(
+    const std::string& dir,
+    const std::function<bool(const std::string& path, const std::string& base)>& is_stale);
 Status FsyncDir(const std::string& dir);
 // Creates dir (and parents) with mode 0700; ok if it already exists.
 Status MakeDirs(const std::string& dir);

@@ -1,5 +1,7 @@
 // The one worker pool of the project: packing, verification and the loader
-// pipeline (and the ring producer) run their threads through it.
+// pipeline (and the ring producer) run their threads through it; long-lived
+// single threads (a watcher, a heartbeat) through base/thread.h, which is a
+// pool of one.
 //
 //   WorkerPool::Options o;
 //   o.threads = 4;
@@ -23,9 +25,14 @@
 #include <thread>
 #include <vector>
 
-#include "formats/status.h"
+#include "base/status.h"
 
 namespace nl {
+
+// The exception boundary every project thread runs behind: f's Status, or
+// an exception it threw as one (bad_alloc: ResourceExhausted; others:
+// Internal, with what() quoted).
+Status RunGuarded(const std::function<Status()>& f);
 
 class WorkerPool {
  public:

@@ -1,4 +1,4 @@
-#include "formats/worker_pool.h"
+#include "base/worker_pool.h"
 
 #include <exception>
 #include <system_error>
@@ -34,18 +34,23 @@ Result<std::unique_ptr<WorkerPool>> WorkerPool::Start(const Options& options, Bo
   return pool;
 }
 
-void WorkerPool::Run(int worker) {
-  Status st;
+Status RunGuarded(const std::function<Status()>& f) {
   try {
-    if (options_.on_start) options_.on_start(worker);
-    st = body_(worker);
+    return f();
   } catch (const std::bad_alloc&) {
-    st = Status::ResourceExhausted("out of memory");
+    return Status::ResourceExhausted("out of memory");
   } catch (const std::exception& e) {
-    st = Status::Internal(std::string("exception: ") + e.what());
+    return Status::Internal(std::string("exception: ") + e.what());
   } catch (...) {
-    st = Status::Internal("unknown exception");
+    return Status::Internal("unknown exception");
   }
+}
+
+void WorkerPool::Run(int worker) {
+  const Status st = RunGuarded([&] {
+    if (options_.on_start) options_.on_start(worker);
+    return body_(worker);
+  });
   if (!st.ok()) Record(st.WithContext(options_.name + " " + std::to_string(worker)));
 }
 

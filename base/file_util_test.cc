@@ -1,6 +1,6 @@
-// Tests of formats/file_util.h: reading and writing whole files, directories,
+// Tests of base/file_util.h: reading and writing whole files, directories,
 // the lock file, canonical paths, mapped bytes and TempDir.
-#include "formats/file_util.h"
+#include "base/file_util.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "formats/status.h"
+#include "base/status.h"
 
 #include <gtest/gtest.h>
 
