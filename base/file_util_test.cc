@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <optional>
@@ -28,6 +29,7 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 std::vector<std::string> Listing(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -182,6 +184,48 @@ TEST(FileUtil, WriteFileAtomicallyIntoAMissingDirectoryNamesTheTarget) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_TRUE(Contains(s.message(), target)) << s.ToString();
   EXPECT_TRUE(Listing(d.path()).empty());
+}
+
+TEST(FileUtil, WriteFileAtomicallyRefusesToReplaceWhatIsNotAFile) {
+  ScratchDir d;
+  const std::string fifo = d / "chart.svg";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Status s = WriteFileAtomically(fifo, "x");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "will not replace " + fifo +
+                             ": it is not a regular file (a device, FIFO, socket or directory)");
+  ASSERT_TRUE(MakeDirs(d / "dir").ok());
+  EXPECT_EQ(WriteFileAtomically(d / "dir", "x").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"chart.svg", "dir"}));  // no temporary left
+}
+
+TEST(FileUtil, WriteFileAtomicallyReplacesTheFileALinkPointsTo) {
+  ScratchDir d;
+  WriteText(d / "real.json", "old");
+  ASSERT_EQ(::symlink("real.json", (d / "link.json").c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomically(d / "link.json", "new").ok());
+  EXPECT_EQ(*ReadFileToString(d / "link.json"), "new");
+}
+
+TEST(FileUtil, TemporariesHaveOneNamingAndOneRemover) {
+  ScratchDir d;
+  const std::string t = TemporaryPath(d / "checkpoint.pt");
+  EXPECT_EQ(t, d / "checkpoint.pt.tmp-" + std::to_string(::getpid()));
+  EXPECT_EQ(TemporaryBaseName("checkpoint.pt.tmp-4242"), "checkpoint.pt");
+  EXPECT_EQ(TemporaryBaseName("out.tmp-12"), "out");
+  EXPECT_EQ(TemporaryBaseName("out.tmp-"), "");
+  EXPECT_EQ(TemporaryBaseName("out.tmp-12x"), "");
+  EXPECT_EQ(TemporaryBaseName(".tmp-12"), "");
+  EXPECT_EQ(TemporaryBaseName("checkpoint.pt"), "");
+  WriteText(d / "checkpoint.pt.tmp-4242", "half");
+  WriteText(d / "notes.txt.tmp-7", "someone else's");
+  ASSERT_TRUE(MakeDirs(d / "out.tmp-99/train").ok());
+  WriteText(d / "checkpoint.pt", "kept");
+  const std::vector<std::string> removed = RemoveStaleTemporaries(
+      d.path(), [](const std::string&, const std::string& base) { return base != "notes.txt"; });
+  EXPECT_EQ(removed.size(), 2u);
+  EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"checkpoint.pt", "notes.txt.tmp-7"}));
+  EXPECT_TRUE(RemoveStaleTemporaries(d / "missing", [](auto&, auto&) { return true; }).empty());
 }
 
 TEST(FileUtil, MakeDirsNestedAndExisting) {

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <utility>
 
+#include "base/file_util.h"
+
 namespace nl::trainer {
 namespace {
 
@@ -62,7 +64,7 @@ Status CheckWritableFile(const std::string& flag, const std::string& path) {
                                    std::strerror(errno));
   }
   // The temporary it is written through (a name too long, say) must be possible too.
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::string tmp = nl::TemporaryPath(path);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     return Status::InvalidArgument(flag + " " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
