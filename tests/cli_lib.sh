@@ -1,5 +1,14 @@
 # Shared by the command-line tests (sourced): a scratch directory $W removed
-# on exit, pass/fail counting, and checks. End a test script with `finish`.
+# on exit, pass/fail/skip counting, and checks. End a test script with `finish`.
+#
+# Parts: checks that need what a machine may not allow (mounting a tmpfs,
+# ptrace, another uid, a build without AddressSanitizer) are a part of their
+# own, run as their own ctest test with NL_TEST_PART=<part>; the rest is the
+# part "main". `part NAME` says whether this run does part NAME (all parts
+# when NL_TEST_PART is unset, as when a script is run by hand). A check that
+# cannot run calls `skip REASON`: counted as skipped, never as passed; a run
+# whose every check was skipped exits 77, which ctest (SKIP_RETURN_CODE 77)
+# reports as a skipped test.
 PY=/usr/bin/python3
 W=$(mktemp -d "${TMPDIR:-/tmp}/nl-cli-XXXXXX")
 # Background processes a test starts (it appends their pids): those still
@@ -17,6 +26,8 @@ cleanup() {
 trap cleanup EXIT
 failures=0
 passes=0
+skips=0
+part() { [ -z "${NL_TEST_PART:-}" ] || [ "$NL_TEST_PART" = "$1" ]; }
 
 # next_port: sets PORT to the next TCP port after it, within
 # [PORT_LO, PORT_HI) (wrapping), that can be bound on all interfaces now (a
@@ -45,6 +56,14 @@ PYEOF
 }
 
 ok() { passes=$((passes + 1)); echo "ok   - $1"; }
+skip() { skips=$((skips + 1)); echo "skip - $1"; }
+# setup NAME CMD...: a step the checks need (output to $W/out): its failure
+# counts as one, its success is not a check of its own.
+setup() {
+  local name=$1
+  shift
+  "$@" >"$W/out" 2>&1 || fail "$name (setup): $(tail -n 3 "$W/out")"
+}
 fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
 
 # expect_rc WANT NAME CMD...: runs CMD (stdout and stderr to $W/out) and checks its exit code.
@@ -121,6 +140,8 @@ start_training() {
 }
 
 finish() {
-  echo "$passes passed, $failures failed"
-  [ "$failures" -eq 0 ]
+  echo "$passes passed, $failures failed, $skips skipped"
+  [ "$failures" -eq 0 ] || exit 1
+  if [ "$passes" -eq 0 ] && [ "$skips" -gt 0 ]; then exit 77; fi
+  exit 0
 }

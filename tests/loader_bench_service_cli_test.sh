@@ -35,6 +35,7 @@ no_serve_left() {
 }
 COMMON=(--data "$W/p" --batch-size 32 --image-size 32 --allow-shared-cores)
 
+if part main; then
 # --- service: the same samples as inprocess, and a per-batch cost -----------
 for mode in inprocess service; do  # (in the background, for its pid: the serves' job id)
   "$LB" "${COMMON[@]}" --epochs 2 --ranks 2 --mode $mode --record-indices "$W/idx_$mode.jsonl" \
@@ -157,8 +158,12 @@ mkdir -p "$W/bare/bin" && cp "$LB" "$W/bare/bin/loader_bench"
 expect_rc 1 "--consumer python without the package" "$W/bare/bin/loader_bench" --data "$W/p" \
   --mode service --consumer python --loader "$L"
 expect_text "no $W/bare/python/numa_loader/consume.py" "names the missing module"
+fi  # part main
+
 PYDIR=$(cd "$(dirname "$LB")/.." && pwd)/python
-if [ -f "$PYDIR/numa_loader/consume.py" ]; then
+if ! part python-consumer; then
+  :
+elif [ -f "$PYDIR/numa_loader/consume.py" ]; then
   expect_rc_stdout 0 "--mode both --consumer python" "$LB" "${COMMON[@]}" --epochs 2 --ranks 1 --mode both --consumer python --json
   cp "$W/out" "$W/python.json"
   expect_rc 0 "the Python consumer's cost beside the share of a batch" $PY - "$W/python.json" <<'PYEOF'
@@ -169,6 +174,6 @@ assert s["consumer"] == "python" and s["images"] == 301 * 2 and s["consumer_us_m
 assert j["consumer_cost"][0]["consumer"] == "python"
 PYEOF
 else
-  echo "skip - no numa_loader package at $PYDIR: the Python consumer's run is not tested"
+  skip "no numa_loader package at $PYDIR: the Python consumer's run is not tested"
 fi
 finish

@@ -3,13 +3,15 @@
 # at the source or at something that is not a shard set, names that are not
 # UTF-8, a full disk, an address-space limit. Real processes, real files.
 # Usage: pack_safety_cli_test.sh PACK_TOOL
+# Parts (NL_TEST_PART, see cli_lib.sh): main, disk-full (mounts a tmpfs),
+# address-limit (ulimit -v; not under AddressSanitizer).
 set -uo pipefail
 PT=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/cli_lib.sh"
 
 # An ImageFolder of 3 classes x 150 small PNGs, so packs take a moment.
-expect_rc 0 "make an ImageFolder" $PY - "$W/imf" <<'PYEOF'
+setup "make an ImageFolder" $PY - "$W/imf" <<'PYEOF'
 import os, sys
 import numpy as np
 from PIL import Image
@@ -21,10 +23,13 @@ for c in ("a", "b", "c"):
         Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(f"{d}/{i:03d}.png")
 PYEOF
 
+setup "make a CIFAR-100" "$PT" fake-cifar100 "$W/c100" --train 3000 --test 10
+
 splits_of() {  # prints the sorted split names of a shard set's manifest
   $PY -c "import json,sys; print(' '.join(sorted(json.load(open(sys.argv[1]+'/manifest.json'))['splits'])))" "$1"
 }
 
+if part main; then
 # --- concurrent packs into one OUT ------------------------------------------
 pids=()
 for i in 0 1 2 3; do
@@ -46,7 +51,6 @@ ls "$W"/multi.pack-lock "$W"/multi.tmp-* >/dev/null 2>&1 && fail "lock file or t
 # two packs into the same new OUT: one success, one clear refusal
 for kind in cifar imf; do
   if [ $kind = cifar ]; then
-    [ -d "$W/c100" ] || "$PT" fake-cifar100 "$W/c100" --train 3000 --test 10 >/dev/null
     cmd=(cifar100 "$W/c100" "$W/same_$kind" --threads 1)
   else
     cmd=(imagefolder "$W/imf" "$W/same_$kind" --threads 1)
@@ -137,7 +141,10 @@ expect_rc 0 "an OUT whose name is not UTF-8" "$PT" imagefolder "$W/latin" "$odd_
 expect_rc 0 "info --json on it" "$PT" info --json "$odd_out"
 expect_text '"root": "'"$W"'/out\\xF0"' "info --json escapes the root as the manifest does"
 
+fi  # part main
+
 # --- disk full: named as such, with the file --------------------------------
+if part disk-full; then
 mkdir -p "$W/tiny"
 if mount -t tmpfs -o size=1m tmpfs "$W/tiny" 2>/dev/null; then
   expect_rc 1 "pack onto a full file system fails" "$PT" cifar100 "$W/c100" "$W/tiny/out"
@@ -146,16 +153,19 @@ if mount -t tmpfs -o size=1m tmpfs "$W/tiny" 2>/dev/null; then
   [ -z "$(ls -A "$W/tiny")" ] && ok "nothing left on the full file system" || fail "left: $(ls -A "$W/tiny")"
   umount "$W/tiny"
 else
-  ok "# skipped the tmpfs disk-full check (cannot mount tmpfs here)"
+  skip "the tmpfs disk-full check (cannot mount tmpfs here)"
 fi
+fi  # part disk-full
 
 # --- an address-space limit: the map grows instead of reserving 1 TiB -------
 # (AddressSanitizer reserves terabytes of shadow memory, so no ASan build runs
 # under ulimit -v: these checks belong to the normal build.)
 # (Not "ldd | grep -q": under pipefail, grep -q ending first fails ldd with
 # SIGPIPE and the pipeline with it, so the ASan build was taken as a normal one.)
-if [[ $(ldd "$PT" 2>/dev/null) == *libasan* ]]; then
-  ok "# skipped the ulimit -v checks (AddressSanitizer build)"
+if ! part address-limit; then
+  :
+elif [[ $(ldd "$PT" 2>/dev/null) == *libasan* ]]; then
+  skip "the ulimit -v checks (AddressSanitizer build)"
 else
 expect_rc 0 "pack under ulimit -v 8000000" bash -c "ulimit -v 8000000; exec '$PT' cifar100 '$W/c100' '$W/limited' --shards 1"
 expect_rc 0 "imagefolder under ulimit -v 8000000" bash -c "ulimit -v 8000000; exec '$PT' imagefolder '$W/imf' '$W/limited_imf'"
