@@ -13,6 +13,7 @@ packages=(
   libtorch-dev libgloo-dev
   python3 python3-lmdb python3-pil python3-numpy python3-torchvision
   strace  # tests slow a process down with its fault injection
+  ccache  # CI compiles a file once for its two builds with the same flags
 )
 
 missing=()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies, configures, builds and runs the whole test suite.
-#   scripts/test.sh              release build with tests (build/)
+#   scripts/test.sh              the optimized build (RelWithDebInfo) and the whole suite (build/)
 #   scripts/test.sh --sanitize   the same under ASan + UBSan (build-asan/)
-#   scripts/test.sh --tsan       ThreadSanitizer: pool, pipeline, ring, service, staging tests (build-tsan/)
+#   scripts/test.sh --tsan       ThreadSanitizer: pool, threads, pipeline, ring, service, staging tests (build-tsan/)
 # Extra CMake arguments come from NL_CMAKE_ARGS (CI: "-DNL_WERROR=ON").
 # Exits non-zero on any build or test failure.
 set -euo pipefail
@@ -26,7 +26,7 @@ tests_regex=""
 if [ "${1:-}" = "--tsan" ]; then
   build_dir=build-tsan
   cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNL_TSAN=ON)
-  tests_regex='^(WorkerPool|Pipeline|PipelineContract|Sampler|Ring|Staging)[A-Za-z]*\.'
+  tests_regex='^(WorkerPool|Thread|Pipeline|PipelineContract|Sampler|Ring|Staging)[A-Za-z]*\.'
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 fi
 
