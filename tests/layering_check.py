@@ -50,8 +50,8 @@ for d, dirs, files in os.walk(root):
             dst = owner(m.group(1))
             if dst is None or dst == src or ok_set is None or dst in ok_set:
                 continue
-            breaches.append(f"{rel}:{n}: includes {m.group(1)}, but {src}/ may use only "
-                            + (", ".join(sorted(x + "/" for x in ok_set)) or "nothing of the project"))
+            breaches.append(f"{rel}:{n}: includes {m.group(1)}, but {src}/ may use "
+                            + (("only " + ", ".join(sorted(x + "/" for x in ok_set))) if ok_set else "nothing of the project"))
 for b in breaches:
     print(b)
 print(f"layering: {checked} files checked, {len(breaches)} includes outside docs/DESIGN.md's table")
