@@ -65,11 +65,9 @@ Status CheckWritableFile(const std::string& flag, const std::string& path) {
   }
   // The temporary it is written through (a name too long, say) must be possible too.
   const std::string tmp = nl::TemporaryPath(path);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  if (!Fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)).valid()) {
     return Status::InvalidArgument(flag + " " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
   }
-  close(fd);
   unlink(tmp.c_str());
   return Status::Ok();
 }
@@ -112,38 +110,37 @@ bool HardLinkedUnder(const std::string& path, const std::string& dir) {
 // Another job's lock on the directory `path` is written in (its --out).
 std::string ForeignLockHolder(const std::string& path) {
   const std::string lock = DirOf(path) + "/.trainer.lock";
-  const int fd = open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
+  const Fd fd(open(lock.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return "";
   struct flock q {};
   q.l_type = F_WRLCK;
   q.l_whence = SEEK_SET;
   std::string holder;
   // (Our own launcher, our parent, holds our --out's lock.)
-  if (fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0 && q.l_pid != getpid() &&
+  if (fcntl(fd.get(), F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0 && q.l_pid != getpid() &&
       q.l_pid != getppid()) {
     holder = DescribeProcess(q.l_pid);
   }
-  close(fd);
   return holder;
 }
 
 // `what` names the output for the user ("--out DIR"); `path` is the file locked.
 Status LockOne(const std::string& path, const std::string& what, OutputLock* lock) {
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno("cannot open " + path + " to lock " + what, errno);
+  Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::FromErrno("cannot open " + path + " to lock " + what, errno);
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
-  if (fcntl(fd, F_SETLK, &fl) == 0) {
-    lock->Add(fd);
+  if (fcntl(fd.get(), F_SETLK, &fl) == 0) {
+    lock->Add(std::move(fd));
     return Status::Ok();
   }
   const int err = errno;
   struct flock q {};
   q.l_type = F_WRLCK;
   q.l_whence = SEEK_SET;
-  const bool known = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0;
-  close(fd);
+  const bool known = fcntl(fd.get(), F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0;
+  fd.Reset();
   if (err == EACCES || err == EAGAIN) {
     return Status::FailedPrecondition(
         what + " is in use by another trainer job (" +
@@ -254,19 +251,6 @@ Status CheckOutputs(const Options& o) {
   if (!o.params_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--params-out", o.params_out));
   if (!o.metrics_out.empty()) NL_RETURN_IF_ERROR(CheckWritableFile("--metrics-out", o.metrics_out));
   return Status::Ok();
-}
-
-OutputLock::~OutputLock() {
-  for (int fd : fds_) close(fd);
-}
-
-OutputLock& OutputLock::operator=(OutputLock&& o) noexcept {
-  if (this != &o) {
-    for (int fd : fds_) close(fd);
-    fds_ = std::move(o.fds_);
-    o.fds_.clear();
-  }
-  return *this;
 }
 
 Result<OutputLock> LockOutputs(const Options& o) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "formats/manifest.h"
+#include "base/fd.h"
 #include "base/status.h"
 #include "loader/plan/job_plan.h"
 #include "trainer/options.h"
@@ -40,16 +41,10 @@ Status CheckOutputs(const Options& o);
 // its ranks.
 class OutputLock {
  public:
-  OutputLock() = default;
-  ~OutputLock();
-  OutputLock(OutputLock&& o) noexcept : fds_(std::move(o.fds_)) { o.fds_.clear(); }
-  OutputLock& operator=(OutputLock&& o) noexcept;
-  OutputLock(const OutputLock&) = delete;
-  OutputLock& operator=(const OutputLock&) = delete;
-  void Add(int fd) { fds_.push_back(fd); }
+  void Add(Fd fd) { fds_.push_back(std::move(fd)); }
 
  private:
-  std::vector<int> fds_;
+  std::vector<Fd> fds_;  // each holds its record lock until closed
 };
 Result<OutputLock> LockOutputs(const Options& o);
 
