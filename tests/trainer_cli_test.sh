@@ -327,7 +327,7 @@ if mount -t tmpfs -o size=200k tmpfs "$W/small" 2>/dev/null; then
   next_port
   expect_rc 1 "a checkpoint on a full disk" "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 3 \
     --master-port "$PORT" --out "$W/small/o"
-  expect_text "cannot write the checkpoint $W/small/o/checkpoint.pt.tmp." "fails cleanly (no abort), naming the file"
+  expect_text "cannot write the checkpoint $W/small/o/checkpoint.pt (as $W/small/o/checkpoint.pt.tmp-" "fails cleanly (no abort), naming the file"
   expect_text "No space left on device" "and the cause"
   if [[ $(ls "$W/small/o") == *tmp* ]]; then fail "a temporary is left"; else ok "leaving no temporary"; fi
   rm -rf "$W/small/o"
@@ -335,7 +335,7 @@ if mount -t tmpfs -o size=200k tmpfs "$W/small" 2>/dev/null; then
   next_port
   expect_rc 1 "metrics on a full disk" "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 60 \
     --report-every 1 --master-port "$PORT" --metrics-out "$W/small/m.jsonl"
-  expect_out "cannot write (--metrics-out $W/small/m.jsonl|$W/small/timing-epoch-0.svg.tmp.[0-9]+): No space left on device" \
+  expect_out "cannot write (--metrics-out $W/small/m.jsonl|$W/small/timing-epoch-0.svg \(as $W/small/timing-epoch-0.svg.tmp-[0-9]+\)): No space left on device" \
     "fails, naming what it could not write"
   umount "$W/small"
 else
@@ -428,10 +428,10 @@ for how in launcher:TERM launcher:HUP rank0:TERM; do
   left=$(ls -A "$W/sig" | grep -v -x -e checkpoint.pt -e .trainer.lock)
   if [ -z "$left" ]; then ok "$how: no temporary left in --out"; else fail "$how: left $left"; fi
 done
-: >"$W/sig/checkpoint.pt.tmp.4242"
+: >"$W/sig/checkpoint.pt.tmp-4242"
 next_port
 expect_rc 0 "the next run in that --out" "$TR" "${CK[@]}" --epochs 1 --max-steps 1 --master-port "$PORT"
-if [ -e "$W/sig/checkpoint.pt.tmp.4242" ]; then fail "a stale temporary is left"; else ok "removes a temporary a killed job left"; fi
+if [ -e "$W/sig/checkpoint.pt.tmp-4242" ]; then fail "a stale temporary is left"; else ok "removes a temporary a killed job left"; fi
 nothing_left "trainer-$PORT-" "after the signals"
 
 # --- what users get wrong -------------------------------------------------------

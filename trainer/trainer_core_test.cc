@@ -6,13 +6,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/file_util.h"
+#include "trainer/binding_json.h"
 #include "trainer/diagnostics.h"
+#include "trainer/outputs.h"
 #include "trainer/preflight.h"
+#include "trainer/proc_info.h"
 #include "trainer/progress.h"
+#include "trainer/rank_error.h"
+#include "trainer/schedule.h"
+#include "trainer/serve_args.h"
+#include "trainer/timing.h"
 
 namespace nl::trainer {
 namespace {
@@ -279,6 +288,226 @@ TEST(Preflight, TheDataMustHaveTheSplitsAndShapeAsked) {
   EXPECT_NE(CheckData(o, m).message().find("at least 2"), std::string::npos);
   m.splits.erase("train");
   EXPECT_EQ(CheckData(o, m).message(), "D has no train split");
+}
+
+// ---- the rank's rooms without LibTorch ----
+
+template <typename Fn>
+std::pair<std::string, proc::FailureKind> ErrorOf(Fn fn) {
+  try {
+    fn();
+  } catch (const RankError& e) {
+    return {e.what(), e.kind()};
+  }
+  return {"(no error)", proc::FailureKind::kNone};
+}
+
+TEST(TrainerRankError, EchoFamilies) {
+  const RankError t = CollectiveTimeout("the final reduce", 120, "rank 1 silent for 5.2 s", "Operation timed out!");
+  EXPECT_STREQ(t.what(),
+               "waited 120 s (--timeout) in a collective (the final reduce) for a peer that did not come: rank 1 "
+               "silent for 5.2 s [Operation timed out!]");
+  EXPECT_EQ(t.kind(), proc::FailureKind::kEcho);
+  const RankError p = PeerLost("the gradient all-reduce of step 3", "Connection closed by peer [127.0.0.1]:5", "");
+  EXPECT_STREQ(p.what(),
+               "lost a peer in a collective (the gradient all-reduce of step 3): Connection closed by peer "
+               "[127.0.0.1]:5");
+  EXPECT_EQ(p.kind(), proc::FailureKind::kEcho);
+  EXPECT_STREQ(PeerLost("x", "closed", "no heartbeat from the rank it waits for: rank 1 silent for 5.1 s").what(),
+               "lost a peer in a collective (x): closed; before that, no heartbeat from the rank it waits for: "
+               "rank 1 silent for 5.1 s");
+  const RankError r = RendezvousTimeout("127.0.0.1:29500", 3, "1 and 2", 2, 3);
+  EXPECT_STREQ(r.what(),
+               "waited 3 s at the rendezvous 127.0.0.1:29500 for ranks 1 and 2 of 3: are they started, with the "
+               "same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
+  EXPECT_EQ(r.kind(), proc::FailureKind::kEcho);
+  EXPECT_STREQ(RendezvousTimeout("h:1", 0.5, "1", 1, 2).what(),
+               "waited 0.5 s at the rendezvous h:1 for rank 1 of 2: are they started, with the same MASTER_ADDR, "
+               "MASTER_PORT and WORLD_SIZE?");
+  const RankError u = StoreUnreachable("h:1", 600, "connect: refused");
+  EXPECT_STREQ(u.what(),
+               "cannot reach the rendezvous store at h:1 within 600 s (rank 0 hosts it: is it running, with this "
+               "MASTER_ADDR and MASTER_PORT?): connect: refused");
+  EXPECT_EQ(u.kind(), proc::FailureKind::kEcho);
+  EXPECT_STREQ(StoreLost("h:1", "", "").what(), "lost the rendezvous store at h:1 (rank 0 hosts it: it is gone)");
+  EXPECT_EQ(StoreLost("h:1", "", "").kind(), proc::FailureKind::kEcho);
+  EXPECT_STREQ(StoreLost("h:1", " during the rendezvous", "Broken pipe").what(),
+               "lost the rendezvous store at h:1 during the rendezvous (rank 0 hosts it: it has ended or stopped; "
+               "its own error says why): Broken pipe");
+}
+
+TEST(TrainerRankError, OwnFailures) {
+  EXPECT_EQ(RankError("the loss is nan at step 3").kind(), proc::FailureKind::kOwn);
+  auto c = ErrorOf([] { Check(Status::InvalidArgument("bad"), "cannot train on /d"); });
+  EXPECT_EQ(c.first, "cannot train on /d: Invalid argument: bad");
+  EXPECT_EQ(c.second, proc::FailureKind::kOwn);
+  auto t = ErrorOf([] { (void)Take(Result<int>(Status::IOError("gone")), "cannot read the shard set"); });
+  EXPECT_EQ(t.first, "cannot read the shard set: " + Status::IOError("gone").ToString());
+  EXPECT_EQ(t.second, proc::FailureKind::kOwn);
+  EXPECT_EQ(Take(Result<int>(7), "unused"), 7);
+}
+
+TEST(TrainerOutputs, NamesWhatItWrites) {
+  EXPECT_EQ(NameInMessage("cannot write /o/c.pt (as /o/c.pt.tmp-9): No space left on device", "the checkpoint"),
+            "cannot write the checkpoint /o/c.pt (as /o/c.pt.tmp-9): No space left on device");
+  EXPECT_EQ(NameInMessage("will not replace /o/c.pt: it is not a regular file", "the checkpoint"),
+            "will not replace /o/c.pt: it is not a regular file");
+  EXPECT_EQ(NameInMessage("cannot write x", ""), "cannot write x");
+}
+
+TEST(TrainerOutputs, WritesAtomicallyAndRefusesAFifo) {
+  const std::string dir = ::testing::TempDir() + "/nl_outputs_" + std::to_string(getpid());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  WriteAtomically(dir + "/params.bin", "abc");
+  EXPECT_EQ(*ReadFileToString(dir + "/params.bin"), "abc");
+  EXPECT_FALSE(PathExists(TemporaryPath(dir + "/params.bin")));
+  ASSERT_EQ(mkfifo((dir + "/fifo.svg").c_str(), 0600), 0);
+  auto e = ErrorOf([&] { WriteAtomically(dir + "/fifo.svg", "x"); });
+  EXPECT_EQ(e.first, "will not replace " + dir + "/fifo.svg: it is not a regular file (a device, FIFO, socket or directory)");
+  EXPECT_EQ(ErrorOf([&] { WriteAtomically(dir + "/no/c.pt", "x", "the checkpoint"); }).first,
+            "cannot create the checkpoint " + TemporaryPath(dir + "/no/c.pt") + ": No such file or directory");
+  (void)RemoveAll(dir);
+}
+
+TEST(TrainerOutputs, RemovesOnlyItsOwnStaleTemporaries) {
+  const std::string dir = ::testing::TempDir() + "/nl_stale_" + std::to_string(getpid());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  for (const char* name : {"checkpoint.pt.tmp-4242", "timing-epoch-3.svg.tmp-17", "checkpoint.pt", "notes.txt.tmp-5",
+                           "timing-epoch-3.svg.tmp.17"}) {
+    ASSERT_TRUE(WriteFile(dir + "/" + name, "x", 1).ok());
+  }
+  std::vector<std::string> removed = RemoveStaleOutputTemporaries(dir);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (std::vector<std::string>{dir + "/checkpoint.pt.tmp-4242", dir + "/timing-epoch-3.svg.tmp-17"}));
+  EXPECT_TRUE(PathExists(dir + "/checkpoint.pt"));
+  EXPECT_TRUE(PathExists(dir + "/notes.txt.tmp-5"));
+  EXPECT_TRUE(RemoveStaleOutputTemporaries("").empty());
+  EXPECT_TRUE(IsRankOutput("timing-epoch-12.svg"));
+  EXPECT_FALSE(IsRankOutput("timing-epoch-12.png"));
+  EXPECT_FALSE(IsRankOutput("metrics.jsonl"));
+  (void)RemoveAll(dir);
+}
+
+TEST(TrainerServeArgs, PassesTheRanksOptions) {
+  Options o;
+  o.data = "/d";
+  o.batch_size = 16;
+  o.prefetch = 3;
+  o.seed = 5;
+  o.epochs = 4;
+  o.trainer_cores = 2;
+  o.loader_threads = 6;
+  o.numa_node = "1,0";
+  o.allow_shared_cores = true;
+  o.no_bind = true;
+  o.delay_ms = 150;
+  Placement p;
+  p.job_id = "trainer-1-x";
+  p.rank = 3;
+  p.world = 4;
+  p.local_rank = 1;
+  p.local_world = 2;
+  EXPECT_EQ(ServeArgs(o, p, "/bin/loader", 1, 7, 32, true),
+            (std::vector<std::string>{"/bin/loader", "serve", "--data", "/d", "--split", "train", "--batch-size",
+                                      "16", "--prefetch", "3", "--seed", "5", "--job-id", "trainer-1-x", "--rank",
+                                      "3", "--world-size", "4", "--local-rank", "1", "--local-world-size", "2",
+                                      "--epochs", "3", "--start-epoch", "1", "--start-batch", "7", "--image-size",
+                                      "32", "--trainer-cores", "2", "--attach-timeout", "120", "--augment",
+                                      "--pad-crop", "4", "--threads", "6", "--numa-node", "1,0",
+                                      "--allow-shared-cores", "--no-bind", "--simulate-delay-ms", "150.000000"}));
+  o.augment = false;
+  o.loader_threads = 0;
+  o.numa_node.clear();
+  o.allow_shared_cores = o.no_bind = false;
+  o.gpus = "0,1";
+  o.ignore_gpus = true;
+  const std::vector<std::string> a = ServeArgs(o, p, "/bin/loader", 0, 0, 224, false);
+  EXPECT_EQ(std::vector<std::string>(a.end() - 5, a.end()),
+            (std::vector<std::string>{"--attach-timeout", "120", "--gpus", "0,1", "--ignore-gpus"}));
+}
+
+TEST(TrainerServeArgs, RefusesALoaderThatIsNotExecutable) {
+  Options o;
+  o.loader_bin = "/nonexistent/loader";
+  EXPECT_EQ(ErrorOf([&] { (void)LoaderBinary(o); }).first,
+            "no loader executable at /nonexistent/loader (build the `loader` target, or give --loader-bin)");
+}
+
+TEST(TrainerSchedule, StepsWarmupAndLearningRate) {
+  Options o;
+  o.batch_size = 8;
+  o.epochs = 3;
+  o.lr = 0.1;
+  const Schedule s = MakeSchedule(o, 100, 4);  // 25 samples a rank: 4 batches
+  EXPECT_EQ(s.batches_per_epoch, 4u);
+  EXPECT_EQ(s.schedule_steps, 12);
+  EXPECT_EQ(s.total_steps, 12);
+  EXPECT_EQ(s.warmup, 1);  // a tenth
+  o.max_steps = 5;
+  o.warmup_steps = 2;
+  const Schedule m = MakeSchedule(o, 100, 4);
+  EXPECT_EQ(m.schedule_steps, 12) << "--max-steps does not change the schedule";
+  EXPECT_EQ(m.total_steps, 5);
+  EXPECT_EQ(m.warmup, 2);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 0, 12, 2), 0.05);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 2, 12, 2), 0.1);
+  EXPECT_NEAR(LearningRate(o, 7, 12, 2), 0.05, 1e-12);  // halfway down the cosine
+  EXPECT_NEAR(LearningRate(o, 12, 12, 2), 0.0, 1e-12);
+}
+
+TEST(TrainerTiming, AWindowBecomesItsRow) {
+  Window w;
+  w.Add(1, 10, 2, 20, 0.5, 8);
+  w.Add(3, 10, 4, 20, 1.5, 8);
+  EXPECT_EQ(w.steps(), 2);
+  const TimingRow row = RowOf(w, 0b10);
+  const RankTiming t = TimingOf(3, row);
+  EXPECT_EQ(t.rank, 3);
+  EXPECT_DOUBLE_EQ(t.data_ms.mean, 2);
+  EXPECT_DOUBLE_EQ(t.data_ms.p95, Summarize({1, 3}).p95);
+  EXPECT_DOUBLE_EQ(t.compute_ms.mean, 10);
+  EXPECT_DOUBLE_EQ(t.comm_ms.mean, 3);
+  EXPECT_DOUBLE_EQ(t.step_ms.mean, 20);
+  EXPECT_DOUBLE_EQ(t.images_per_s, 400);  // 16 images in 40 ms
+  EXPECT_DOUBLE_EQ(t.loss, 1);
+  EXPECT_EQ(t.steps, 2);
+  EXPECT_EQ(t.ran_on_nodes, 0b10u);
+  w.Clear();
+  EXPECT_EQ(w.steps(), 0);
+  const RankTiming empty = TimingOf(0, RowOf(w, 0));
+  EXPECT_EQ(empty.images_per_s, 0);
+  EXPECT_EQ(empty.loss, 0);
+}
+
+TEST(TrainerProcInfo, ReadsTheProcessorOfAStatLine) {
+  std::string fields;
+  for (int i = 3; i <= 38; ++i) fields += std::to_string(i) + " ";
+  std::string comm;
+  EXPECT_EQ(LastProcessor("123 (ldr-0 (x) y) " + fields + "17 0 0", &comm), 17);
+  EXPECT_EQ(comm, "ldr-0 (x) y");
+  EXPECT_EQ(LastProcessor("123 (short) S 1 2", &comm), -1);
+  EXPECT_EQ(LastProcessor("garbage", &comm), -1);
+  EXPECT_EQ(DirOf("/a/b/c"), "/a/b");
+  EXPECT_EQ(DirOf("c"), ".");
+  EXPECT_EQ(DirOf("/c"), "/");
+}
+
+TEST(TrainerBindingJson, RoundTrip) {
+  RankBinding b = B(2, 1, 0, 3);
+  b.host = "node-7";
+  b.misbound = true;
+  b.simulated_delay_ms = 40;
+  const RankBinding got = BindingFromJson(BindingToJson(b));
+  EXPECT_EQ(got.rank, 2);
+  EXPECT_EQ(got.host, "node-7");
+  EXPECT_EQ(got.loader_cpus, b.loader_cpus);
+  EXPECT_EQ(got.loader_node, 1);
+  EXPECT_EQ(got.planned_node, 0);
+  EXPECT_EQ(got.gpu, 3);
+  EXPECT_EQ(got.gpu_node, b.gpu_node);
+  EXPECT_EQ(got.loader_threads, 4);
+  EXPECT_TRUE(got.misbound);
+  EXPECT_DOUBLE_EQ(got.simulated_delay_ms, 40);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+// A training checkpoint: the model, the optimizer and where the run stood
+// (epoch, batch, step), with what it fits (model, classes, data set size,
+// ranks, batch size: the sample order and the tensors' shapes depend on
+// them). Save writes through the one atomic writer; Load refuses a
+// checkpoint that does not fit, with a message saying what differs.
+// Errors are RankError (kOwn).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "trainer/models.h"
+
+namespace nl::trainer {
+
+struct Checkpoint {
+  int64_t epoch = 0, batch = 0, step = 0, seed = 0, world = 0, batch_size = 0;
+  // What it fits: the model and the data set it was trained on.
+  std::string model;
+  int64_t classes = 0, train_samples = 0;
+};
+
+// Serialised in memory first (LibTorch's file writer throws from its
+// destructor on a short write, which aborts), then written atomically: a
+// full disk says "cannot write the checkpoint <path> (as <temporary>): No
+// space left on device" and leaves no temporary.
+void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& c);
+
+// Loads path into model and opt after checking it fits `expect` (its
+// model, classes, train_samples, world and batch_size); every tensor's
+// shape is checked after the load too. Returns the checkpoint's fields.
+Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& expect);
+
+// FNV-1a over the parameters' bytes (on the CPU): equal on every rank after
+// every step of a correct DDP run.
+uint64_t ParamHash(Net& model);
+
+}  // namespace nl::trainer

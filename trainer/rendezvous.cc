@@ -1,0 +1,156 @@
+#include "trainer/rendezvous.h"
+
+#include <netdb.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if NL_TRAINER_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <vector>
+
+#include "trainer/rank_error.h"
+
+namespace nl::trainer {
+namespace {
+
+double SecondsOf(std::chrono::milliseconds t) { return std::chrono::duration<double>(t).count(); }
+
+std::string ListOf(const std::vector<int>& ranks) {
+  std::string list;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    list += (i ? (i + 1 == ranks.size() ? " and " : ", ") : "") + std::to_string(ranks[i]);
+  }
+  return list;
+}
+
+std::string WorldOf(c10d::Store& store, int r) {
+  const std::vector<uint8_t> v = store.get("world/" + std::to_string(r));
+  return std::string(v.begin(), v.end());
+}
+
+// Waits for the ranks' world/ keys; past the timeout, names those missing.
+void WaitFor(c10d::Store& store, const std::vector<int>& ranks, int world, const std::string& where,
+             std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back("world/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    std::vector<int> missing;
+    for (int r : ranks) {
+      try {
+        if (!store.check({"world/" + std::to_string(r)})) missing.push_back(r);
+      } catch (const std::exception&) {
+        throw StoreLost(where, "", "");
+      }
+    }
+    throw RendezvousTimeout(where, SecondsOf(timeout), ListOf(missing), missing.size(), world);
+  }
+}
+
+void JoinSteps(c10d::Store& store, int rank, int world, const std::string& where, std::chrono::milliseconds timeout) {
+  const std::string me = std::to_string(rank);
+  const std::string w = std::to_string(world);
+  if (store.add("join/" + me, 1) > 1) {
+    throw RankError("rank " + me + " joined the rendezvous at " + where + " twice: two processes were started with RANK=" +
+                    me + " (each needs its own), or that address is not this job's store");
+  }
+  std::string w0 = w;
+  if (rank != 0) {
+    WaitFor(store, {0}, world, where, timeout);
+    w0 = WorldOf(store, 0);
+  }
+  store.set("world/" + me, std::vector<uint8_t>(w.begin(), w.end()));
+  if (w0 != w) {
+    throw RankError("this rank has WORLD_SIZE=" + w + " but rank 0 has WORLD_SIZE=" + w0 +
+                    ": start every rank of a job with the same WORLD_SIZE");
+  }
+  std::vector<int> all;
+  for (int r = 0; r < world; ++r) all.push_back(r);
+  WaitFor(store, all, world, where, timeout);
+  if (rank != 0) return;
+  for (int r = 1; r < world; ++r) {
+    const std::string wr = WorldOf(store, r);
+    if (wr != w) {
+      throw RankError("rank " + std::to_string(r) + " has WORLD_SIZE=" + wr + " but this rank (0) has " + w +
+                      ": start every rank of a job with the same WORLD_SIZE");
+    }
+  }
+}
+
+}  // namespace
+
+std::string StoreWhere(const Placement& p) { return p.master_addr + ":" + std::to_string(p.master_port); }
+
+void ResolveMasterAddr(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(addr.c_str(), nullptr, &hints, &res);
+  if (rc != 0) throw RankError("cannot resolve MASTER_ADDR " + addr + " (--master-addr): " + gai_strerror(rc));
+  freeaddrinfo(res);
+}
+
+c10::intrusive_ptr<c10d::Store> ConnectRendezvousStore(const Placement& p, std::chrono::milliseconds timeout,
+                                                       StoreAddress* address) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(p.master_port);
+  so.isServer = p.rank == 0 && !p.agent_store;
+  so.numWorkers = p.agent_store ? c10::nullopt : c10::optional<std::size_t>(p.world);
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> tcp;
+  try {
+    tcp = c10::make_intrusive<c10d::TCPStore>(p.master_addr, so);
+  } catch (const std::exception& e) {
+    if (!so.isServer) throw StoreUnreachable(StoreWhere(p), SecondsOf(timeout), e.what());
+    throw RankError("cannot host the rendezvous store on port " + std::to_string(p.master_port) +
+                    " (another job may be using it: pick another --master-port): " + e.what());
+  }
+  // torchrun's agent store outlives a restart of the workers: each attempt its own keys.
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  *address = {p.master_addr, std::string("nl_trainer") + (restart && *restart ? std::string("/") + restart : ""),
+              p.master_port};
+  return c10::make_intrusive<c10d::PrefixStore>(address->prefix, tcp);
+}
+
+void Join(c10d::Store& store, int rank, int world, const std::string& where, std::chrono::milliseconds timeout) {
+  try {
+    JoinSteps(store, rank, world, where, timeout);
+  } catch (const RankError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw StoreLost(where, " during the rendezvous", e.what());
+  }
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> CreateProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                          const Placement& p, std::chrono::milliseconds timeout,
+                                                          bool cuda) {
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store);
+#if NL_TRAINER_CUDA
+  if (cuda) {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, p.rank, p.world, opts);
+  }
+#else
+  (void)cuda;
+#endif
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  const bool loopback = p.master_addr == "localhost" || p.master_addr.rfind("127.", 0) == 0;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (loopback) {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, p.rank, p.world, opts);
+}
+
+}  // namespace nl::trainer

@@ -1,0 +1,370 @@
+// The rank's rooms that need LibTorch but no process group: checkpoints, the
+// in-process batch source, the rendezvous's join over an in-memory store,
+// and the classification of c10d/Gloo failures.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <c10/util/Exception.h>
+#include <gloo/common/error.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/exception.h>
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <system_error>
+
+#include "base/file_util.h"
+#include "formats/image.h"
+#include "tests/support/test_util.h"
+#include "trainer/batch_source.h"
+#include "trainer/checkpoint.h"
+#include "trainer/comm_failure.h"
+#include "trainer/models.h"
+#include "trainer/rank_error.h"
+#include "trainer/rendezvous.h"
+
+namespace nl::trainer {
+namespace {
+
+// The first prefix.size() characters of s (so a failure shows the message).
+std::string Head(const std::string& s, const std::string& prefix) { return s.substr(0, prefix.size()); }
+
+// The message and kind of the RankError fn throws.
+template <typename Fn>
+std::pair<std::string, proc::FailureKind> ErrorOf(Fn fn) {
+  try {
+    fn();
+  } catch (const RankError& e) {
+    return {e.what(), e.kind()};
+  }
+  return {"(no error)", proc::FailureKind::kNone};
+}
+
+// ---- checkpoints ----
+
+struct Trained {
+  std::shared_ptr<Net> model;
+  std::unique_ptr<torch::optim::SGD> opt;
+};
+
+Trained SmallCnn(uint64_t seed) {
+  torch::manual_seed(seed);
+  Trained t;
+  t.model = MakeModel("smallcnn", 3);
+  t.opt = std::make_unique<torch::optim::SGD>(t.model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  return t;
+}
+
+Checkpoint Fields() {
+  Checkpoint c;
+  c.epoch = 2;
+  c.batch = 5;
+  c.step = 37;
+  c.seed = 11;
+  c.world = 2;
+  c.batch_size = 8;
+  c.model = "smallcnn";
+  c.classes = 3;
+  c.train_samples = 100;
+  return c;
+}
+
+TEST(TrainerCheckpoint, RoundTripRestoresParametersAndFields) {
+  testing::ScratchDir d;
+  Trained a = SmallCnn(1);
+  // One step, so the optimizer has momentum buffers to save.
+  a.opt->zero_grad();
+  torch::Tensor loss = a.model->forward(torch::rand({2, 3, 32, 32})).sum();
+  loss.backward();
+  a.opt->step();
+  const std::string path = d / "checkpoint.pt";
+  SaveCheckpoint(path, *a.model, *a.opt, Fields());
+  EXPECT_FALSE(PathExists(TemporaryPath(path)));
+
+  Trained b = SmallCnn(2);
+  ASSERT_NE(ParamHash(*a.model), ParamHash(*b.model));
+  const Checkpoint got = LoadCheckpoint(path, *b.model, *b.opt, Fields());
+  EXPECT_EQ(ParamHash(*a.model), ParamHash(*b.model));
+  const auto pa = a.model->parameters(), pb = b.model->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  EXPECT_EQ(got.epoch, 2);
+  EXPECT_EQ(got.batch, 5);
+  EXPECT_EQ(got.step, 37);
+  EXPECT_EQ(got.seed, 11);
+  EXPECT_EQ(got.world, 2);
+  EXPECT_EQ(got.batch_size, 8);
+  EXPECT_EQ(got.model, "smallcnn");
+  EXPECT_EQ(got.classes, 3);
+  EXPECT_EQ(got.train_samples, 100);
+}
+
+TEST(TrainerCheckpoint, RefusesOneThatDoesNotFit) {
+  testing::ScratchDir d;
+  Trained a = SmallCnn(1);
+  const std::string path = d / "checkpoint.pt";
+  SaveCheckpoint(path, *a.model, *a.opt, Fields());
+  Trained b = SmallCnn(2);
+  const uint64_t before = ParamHash(*b.model);
+
+  Checkpoint ranks = Fields();
+  ranks.world = 4;
+  auto e = ErrorOf([&] { LoadCheckpoint(path, *b.model, *b.opt, ranks); });
+  EXPECT_EQ(e.first, "the checkpoint " + path +
+                         " was written for 2 ranks of batch 8; this run has 4 of 8 (the sample order would "
+                         "differ): resume with the same ranks and batch size");
+  EXPECT_EQ(e.second, proc::FailureKind::kOwn);
+
+  Checkpoint data = Fields();
+  data.train_samples = 50;
+  EXPECT_EQ(ErrorOf([&] { LoadCheckpoint(path, *b.model, *b.opt, data); }).first,
+            "the checkpoint " + path +
+                " was written for a data set of 3 classes and 100 training samples; --data has 3 and 50 "
+                "(resume on the data set it was trained on)");
+
+  Checkpoint model = Fields();
+  model.model = "resnet18";
+  EXPECT_EQ(ErrorOf([&] { LoadCheckpoint(path, *b.model, *b.opt, model); }).first,
+            "the checkpoint " + path + " was written for --model smallcnn; this run has --model resnet18");
+  EXPECT_EQ(ParamHash(*b.model), before) << "a refused checkpoint changes nothing";
+}
+
+TEST(TrainerCheckpoint, NamesAFileThatIsNotOne) {
+  testing::ScratchDir d;
+  testing::WriteText(d / "junk.pt", "not a checkpoint");
+  Trained b = SmallCnn(2);
+  auto e = ErrorOf([&] { LoadCheckpoint(d / "junk.pt", *b.model, *b.opt, Fields()); });
+  const std::string want = "cannot resume from " + (d / "junk.pt") + ": ";
+  EXPECT_EQ(Head(e.first, want), want);
+  EXPECT_EQ(e.second, proc::FailureKind::kOwn);
+}
+
+TEST(TrainerCheckpoint, SaveNamesTheCheckpointWhenItCannotWrite) {
+  testing::ScratchDir d;
+  Trained a = SmallCnn(1);
+  const std::string path = d / "missing-dir/checkpoint.pt";
+  EXPECT_EQ(ErrorOf([&] { SaveCheckpoint(path, *a.model, *a.opt, Fields()); }).first,
+            "cannot create the checkpoint " + TemporaryPath(path) + ": No such file or directory");
+  const std::string fifo = d / "fifo.pt";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(ErrorOf([&] { SaveCheckpoint(fifo, *a.model, *a.opt, Fields()); }).first,
+            "will not replace " + fifo + ": it is not a regular file (a device, FIFO, socket or directory)");
+}
+
+// ---- the in-process batch source ----
+
+// 10 PNG samples of 8x8, labels i % 2.
+std::string ShardSet(const testing::ScratchDir& d) {
+  std::vector<std::vector<uint8_t>> records;
+  for (uint32_t i = 0; i < 10; ++i) {
+    RecordHeader h;
+    h.label = i % 2;
+    h.encoding = Encoding::kPng;
+    h.width = h.height = 8;
+    records.push_back(testing::CraftRecord(h, *EncodePng(testing::PatternImage(8, 8, i))));
+  }
+  testing::WriteShardSetForTest(d / "set", records);
+  return d / "set";
+}
+
+TEST(TrainerBatchSource, InprocessDeliversTheEpochInOrder) {
+  testing::ScratchDir d;
+  PipelineConfig c;
+  c.data_dir = ShardSet(d);
+  c.batch_size = 4;
+  c.prefetch = 2;
+  c.shuffle = false;
+  c.epochs = 1;
+  c.transform.image_size = 8;
+  Geometry g;
+  g.ring_size = g.model_size = 8;
+  InprocessSource src(c, g, 0);
+  EXPECT_EQ(src.loader_pid(), 0);
+  const std::vector<uint32_t> sizes = {4, 4, 2};
+  int64_t label_index = 0;
+  for (uint64_t b = 0; b < sizes.size(); ++b) {
+    double data_ms = -1;
+    Batch batch = src.Next(&data_ms);
+    EXPECT_GE(data_ms, 0);
+    EXPECT_EQ(batch.epoch, 0u);
+    EXPECT_EQ(batch.batch, b);
+    ASSERT_EQ(batch.size, sizes[b]);
+    EXPECT_EQ(batch.x.sizes().vec(), (std::vector<int64_t>{sizes[b], 3, 8, 8}));
+    EXPECT_EQ(batch.x.scalar_type(), torch::kFloat32);
+    for (uint32_t i = 0; i < batch.size; ++i, ++label_index) {
+      EXPECT_EQ(batch.y[i].item<int64_t>(), label_index % 2) << "sample " << label_index;
+    }
+  }
+  double data_ms = 0;
+  auto e = ErrorOf([&] { src.Next(&data_ms); });
+  EXPECT_EQ(Head(e.first, "its loader pipeline: Out of range"), "its loader pipeline: Out of range");
+  src.Finish();
+}
+
+TEST(TrainerBatchSource, InprocessNamesAShardSetItCannotOpen) {
+  testing::ScratchDir d;
+  PipelineConfig c;
+  c.data_dir = d / "nothing-here";
+  c.transform.image_size = 8;
+  auto e = ErrorOf([&] { InprocessSource src(c, Geometry{}, 0); });
+  EXPECT_EQ(Head(e.first, "cannot open its loader pipeline: "), "cannot open its loader pipeline: ");
+  EXPECT_NE(e.first.find("nothing-here"), std::string::npos) << e.first;
+}
+
+TEST(TrainerBatchSource, NormalizeUsesImageNetStatisticsAndResizes) {
+  Geometry g;
+  g.ring_size = 4;
+  g.model_size = 8;
+  torch::Tensor x = Normalize(torch::full({1, 3, 4, 4}, 255.0f), g);
+  EXPECT_EQ(x.sizes().vec(), (std::vector<int64_t>{1, 3, 8, 8}));
+  const float mean[3] = {0.485f, 0.456f, 0.406f}, stdv[3] = {0.229f, 0.224f, 0.225f};
+  for (int ch = 0; ch < 3; ++ch) {
+    const float want = (255.0f - mean[ch] * 255) / (stdv[ch] * 255);
+    EXPECT_NEAR(x[0][ch][5][2].item<float>(), want, 1e-4) << "channel " << ch;
+  }
+  const uint8_t pixels[3] = {0, 0, 0};
+  const int64_t label = 7;
+  g.ring_size = g.model_size = 1;
+  Batch b = FromHost(pixels, &label, 1, g);
+  EXPECT_EQ(b.y[0].item<int64_t>(), 7);
+  EXPECT_NEAR(b.x[0][0][0][0].item<float>(), -0.485f / 0.229f, 1e-4);
+}
+
+// ---- the rendezvous's join ----
+
+std::chrono::milliseconds Ms(int n) { return std::chrono::milliseconds(n); }
+
+TEST(TrainerRendezvous, OneRankJoinsAlone) {
+  c10d::HashStore store;
+  Join(store, 0, 1, "h:1", Ms(1000));
+  const std::vector<uint8_t> w = store.get("world/0");
+  EXPECT_EQ(std::string(w.begin(), w.end()), "1");
+}
+
+TEST(TrainerRendezvous, NamesTheRanksThatNeverCameAsAnEcho) {
+  c10d::HashStore store;
+  auto e = ErrorOf([&] { Join(store, 0, 3, "127.0.0.1:29500", Ms(100)); });
+  EXPECT_EQ(e.first,
+            "waited 0.1 s at the rendezvous 127.0.0.1:29500 for ranks 1 and 2 of 3: are they started, with the "
+            "same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
+  EXPECT_EQ(e.second, proc::FailureKind::kEcho);
+}
+
+TEST(TrainerRendezvous, RefusesASecondRankOfTheSameNumber) {
+  c10d::HashStore store;
+  store.add("join/1", 1);
+  auto e = ErrorOf([&] { Join(store, 1, 2, "h:1", Ms(100)); });
+  EXPECT_EQ(e.first,
+            "rank 1 joined the rendezvous at h:1 twice: two processes were started with RANK=1 (each needs its "
+            "own), or that address is not this job's store");
+  EXPECT_EQ(e.second, proc::FailureKind::kOwn);
+}
+
+TEST(TrainerRendezvous, NamesAnotherWorldSize) {
+  c10d::HashStore store;
+  const std::string three = "3";
+  store.set("world/0", std::vector<uint8_t>(three.begin(), three.end()));
+  auto e = ErrorOf([&] { Join(store, 1, 2, "h:1", Ms(100)); });
+  EXPECT_EQ(e.first,
+            "this rank has WORLD_SIZE=2 but rank 0 has WORLD_SIZE=3: start every rank of a job with the same "
+            "WORLD_SIZE");
+  EXPECT_EQ(e.second, proc::FailureKind::kOwn);
+}
+
+// A store whose connection is gone: every call throws as TCPStore's does.
+class LostStore : public c10d::Store {
+ public:
+  void set(const std::string&, const std::vector<uint8_t>&) override { Lost(); }
+  std::vector<uint8_t> get(const std::string&) override { Lost(); }
+  int64_t add(const std::string&, int64_t) override { Lost(); }
+  bool deleteKey(const std::string&) override { Lost(); }
+  bool check(const std::vector<std::string>&) override { Lost(); }
+  int64_t getNumKeys() override { Lost(); }
+  void wait(const std::vector<std::string>&) override { Lost(); }
+  void wait(const std::vector<std::string>&, const std::chrono::milliseconds&) override { Lost(); }
+
+ private:
+  [[noreturn]] static void Lost() { throw std::system_error(ECONNRESET, std::generic_category(), "recv"); }
+};
+
+TEST(TrainerRendezvous, ALostStoreIsAnEcho) {
+  LostStore store;
+  auto e = ErrorOf([&] { Join(store, 1, 2, "h:1", Ms(100)); });
+  EXPECT_EQ(Head(e.first, "lost the rendezvous store at h:1 during the rendezvous (rank 0 hosts it: it has "
+                                  "ended or stopped; its own error says why): recv: "), "lost the rendezvous store at h:1 during the rendezvous (rank 0 hosts it: it has "
+                                  "ended or stopped; its own error says why): recv: ");
+  EXPECT_EQ(e.second, proc::FailureKind::kEcho);
+}
+
+// ---- failure classification: one case per wording ----
+
+c10::Error TorchError(const std::string& msg) { return c10::Error(msg, "  (backtrace)", nullptr); }
+
+TEST(TrainerCommFailure, GlooTimeouts) {
+  for (const char* w : {
+           "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv "
+           "operation to complete",
+           "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:133] Timed out waiting 5000ms for send "
+           "operation to complete",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:589] Application timeout caused pair closure",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:448] Read timeout [127.0.0.1]:39502",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:330] Write timeout [127.0.0.1]:39502",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:143] Connect timeout [127.0.0.1]:39502",
+       }) {
+    EXPECT_EQ(ClassifyCommFailure(gloo::IoException(w)), CommFailure::kTimeout) << w;
+  }
+}
+
+TEST(TrainerCommFailure, GlooLostPeers) {
+  for (const char* w : {
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:22941",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:575] Read error [127.0.0.1]:22941: Connection reset "
+           "by peer",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:377] Socket closed [127.0.0.1]:22941",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:411] Socket unexpectedly closed [127.0.0.1]:22941",
+           "[../third_party/gloo/gloo/transport/tcp/pair.cc:575] Read error [127.0.0.1]:22941: Broken pipe",
+       }) {
+    EXPECT_EQ(ClassifyCommFailure(gloo::IoException(w)), CommFailure::kPeerLost) << w;
+  }
+  // Any other I/O failure of a pair is its peer's connection too (by type).
+  EXPECT_EQ(ClassifyCommFailure(gloo::IoException("[pair.cc:1] getpeername: Bad file descriptor")),
+            CommFailure::kPeerLost);
+  // Gloo's own other failures are not.
+  EXPECT_EQ(ClassifyCommFailure(gloo::Exception("[allreduce.cc:1] Gloo only supports these types")),
+            CommFailure::kOther);
+}
+
+TEST(TrainerCommFailure, LibTorchTimeouts) {
+  EXPECT_EQ(ClassifyCommFailure(TorchError("Operation timed out!")), CommFailure::kTimeout);  // Work::wait
+  EXPECT_EQ(ClassifyCommFailure(TorchError("Socket Timeout")), CommFailure::kTimeout);       // TCPStore
+  EXPECT_EQ(ClassifyCommFailure(TorchError("Wait timeout")), CommFailure::kTimeout);
+  EXPECT_EQ(ClassifyCommFailure(TorchError("Timeout waiting for key: world/1 after 3000 ms")), CommFailure::kTimeout);
+  EXPECT_EQ(ClassifyCommFailure(c10d::TimeoutError(
+                "The client socket has timed out after 3000ms while trying to connect to (127.0.0.1, 29500).")),
+            CommFailure::kTimeout);
+}
+
+TEST(TrainerCommFailure, SystemErrorsByCode) {
+  EXPECT_EQ(ClassifyCommFailure(std::system_error(ETIMEDOUT, std::generic_category(), "recv")),
+            CommFailure::kTimeout);
+  EXPECT_EQ(ClassifyCommFailure(std::system_error(ECONNRESET, std::generic_category(), "recv")),
+            CommFailure::kPeerLost);
+  EXPECT_EQ(ClassifyCommFailure(std::system_error(EPIPE, std::system_category(), "send")), CommFailure::kPeerLost);
+  EXPECT_EQ(ClassifyCommFailure(std::system_error(ECONNREFUSED, std::generic_category(), "connect")),
+            CommFailure::kPeerLost);
+  EXPECT_EQ(ClassifyCommFailure(std::system_error(ENOMEM, std::generic_category(), "mmap")), CommFailure::kOther);
+}
+
+TEST(TrainerCommFailure, OtherFailures) {
+  EXPECT_EQ(ClassifyCommFailure(TorchError("Tensor list must be nonempty")), CommFailure::kOther);
+  EXPECT_EQ(ClassifyCommFailure(std::runtime_error("out of memory")), CommFailure::kOther);
+  EXPECT_STREQ(CommFailureName(CommFailure::kPeerLost), "peer lost");
+}
+
+TEST(TrainerCommFailure, TextHasNoBacktrace) {
+  EXPECT_EQ(FailureText(TorchError("Operation timed out!")), "Operation timed out!");
+  EXPECT_EQ(FailureText(gloo::IoException("Connection closed by peer [::1]:5")), "Connection closed by peer [::1]:5");
+}
+
+}  // namespace
+}  // namespace nl::trainer
