@@ -241,14 +241,20 @@ constexpr double kBatchTimeoutS = 60;
 // Seconds a serve (or the Python consumer) may take to exit once its stream is done.
 constexpr double kExitLimitS = 10;
 
-// The directory this program lies in (from /proc/self/exe).
-std::string ProgramDir() {
+// This program's path (from /proc/self/exe).
+nl::Result<std::string> SelfPath() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  const std::string self(buf, static_cast<size_t>(n));
-  const size_t slash = self.rfind('/');
-  return slash == std::string::npos ? "." : self.substr(0, slash);
+  if (n <= 0) return nl::Status::FromErrno("cannot read /proc/self/exe", errno);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The directory this program lies in.
+std::string ProgramDir() {
+  const nl::Result<std::string> self = SelfPath();
+  if (!self.ok()) return ".";
+  const size_t slash = self->rfind('/');
+  return slash == std::string::npos ? "." : self->substr(0, slash);
 }
 
 // The `loader` binary: --loader, else the one beside this program.
@@ -582,14 +588,6 @@ struct RankProcess {
   nl::proc::ChildProcess process;
   nl::Fd out;  // the read end of its stdout
 };
-
-// This program's path (from /proc/self/exe).
-nl::Result<std::string> SelfPath() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return nl::Status::FromErrno("cannot read /proc/self/exe", errno);
-  return std::string(buf, static_cast<size_t>(n));
-}
 
 nl::Result<std::vector<RankProcess>> SpawnRanks(const Args& a) {
   NL_ASSIGN_OR_RETURN(const std::string self, SelfPath());

@@ -13,8 +13,6 @@
 
 #include "base/child_process.h"
 #include "base/file_util.h"
-#include "base/parse_number.h"
-#include "base/worker_pool.h"
 #include "loader/plan/affinity.h"
 #include "loader/ring/client.h"
 
