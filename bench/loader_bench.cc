@@ -12,10 +12,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <poll.h>
-#include <spawn.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -28,13 +25,19 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <string_view>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/child_process.h"
+#include "base/fd.h"
+#include "base/parse_number.h"
 #include "base/worker_pool.h"
 #include "loader/cli/cli_options.h"
+#include "loader/cli/serve_options.h"
 #include "loader/pipeline/pipeline.h"
 #include "loader/plan/affinity.h"
 #include "loader/plan/binding.h"
@@ -42,8 +45,6 @@
 #include "loader/plan/job_plan.h"
 #include "loader/plan/topology.h"
 #include "loader/ring/client.h"
-
-extern "C" char** environ;
 
 namespace {
 
@@ -67,8 +68,6 @@ struct Args {
   std::string child_mode;          // a rank process: the mode it runs
   std::string consumer = "cpp";    // service: cpp (RingClient) or python
   std::string loader_path;         // --loader; empty: `loader` beside this program
-  // The data, pipeline and transform options as given, passed on to `loader serve`.
-  std::vector<std::string> serve_options;
 };
 
 // The p-th percentile (0..100) of sorted values, 0 for none.
@@ -94,14 +93,25 @@ double CpuSeconds() {
   return CpuSecondsOf(u);
 }
 
+// A "Key:   1234 kB" line of /proc/self/status in MiB, when it is one.
+std::optional<double> StatusMib(std::string_view line, std::string_view key) {
+  if (line.substr(0, key.size()) != key) return std::nullopt;
+  std::string_view v = line.substr(key.size());
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  if (v.size() >= 3 && v.substr(v.size() - 3) == " kB") v.remove_suffix(3);
+  const nl::Result<double> kib = nl::ParseDouble(v, key, 0, 1e18);
+  if (!kib.ok()) return std::nullopt;
+  return *kib / 1024;
+}
+
 // RssAnon / RssFile from /proc/self/status, in MiB.
 std::pair<double, double> Rss() {
   std::ifstream f("/proc/self/status");
   std::string line;
   double anon = 0, file = 0;
   while (std::getline(f, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) anon = std::stod(line.substr(8)) / 1024;
-    if (line.rfind("RssFile:", 0) == 0) file = std::stod(line.substr(8)) / 1024;
+    if (auto v = StatusMib(line, "RssAnon:")) anon = *v;
+    if (auto v = StatusMib(line, "RssFile:")) file = *v;
   }
   return {anon, file};
 }
@@ -110,6 +120,69 @@ std::pair<double, double> Rss() {
 uint32_t RankThreads(const Args& a, const nl::RankPlan& plan) {
   return a.threads ? a.threads
                    : std::max<uint32_t>(1, static_cast<uint32_t>(plan.loader_cpus.size()));
+}
+
+// Binds this (the consumer's) thread to the rank's trainer cpus and gives
+// the pipeline's workers the start hook that binds them to its loader cpus.
+nl::BindReport BindRank(const nl::Topology& topo, const nl::RankPlan& plan, int rank,
+                        nl::PipelineConfig* c) {
+  const nl::BindReport trainer = nl::BindThisThread(topo, plan.trainer_cpus, plan.mem_node);
+  std::fprintf(stderr, "%s\n", nl::AffinityLine(rank, plan, trainer).c_str());
+  c->thread_start =
+      nl::LoaderThreadStartHook(topo, plan, rank, [rank](int w, const nl::BindReport& br) {
+        if (br.cpu != nl::BindState::kApplied ||
+            (br.mem != nl::BindState::kApplied && br.mem != nl::BindState::kNotRequested)) {
+          std::fprintf(stderr,
+                       "[Affinity][Rank %d] loader worker %d: cpu_binding=%s mem_binding=%s %s %s\n",
+                       rank, w, std::string(nl::BindStateName(br.cpu)).c_str(),
+                       std::string(nl::BindStateName(br.mem)).c_str(), br.cpu_detail.c_str(),
+                       br.mem_detail.c_str());
+        }
+      });
+  return trainer;
+}
+
+// What an in-process consumer saw: each batch's wait in Next (ms), and the indices when recorded.
+struct Loaded {
+  std::vector<double> waits;
+  uint64_t images = 0;
+  std::map<uint64_t, std::vector<int64_t>> epoch_indices;
+};
+
+// Every batch of the run, --step-ms between Next and Release; the error's text, or "".
+std::string LoadAll(const Args& a, nl::Pipeline& p, Loaded* out) {
+  while (true) {
+    const auto w0 = Clock::now();
+    nl::Result<nl::BatchView> b = p.Next();
+    if (!b.ok()) {
+      return b.status().code() == nl::StatusCode::kOutOfRange ? "" : b.status().ToString();
+    }
+    out->waits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+    out->images += b->size;
+    if (!a.record_indices.empty()) {
+      auto& v = out->epoch_indices[b->epoch];
+      v.insert(v.end(), b->indices, b->indices + b->size);
+    }
+    if (a.step_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.step_ms));
+    if (nl::Status rs = p.Release(*b); !rs.ok()) return rs.ToString();
+  }
+}
+
+// Where a rank ran: its threads, loader cpus, node and the consumer's binding.
+void AddPlacement(json* r, bool binds, const nl::RankPlan& plan, const nl::BindReport& trainer,
+                  uint32_t threads) {
+  (*r)["threads"] = threads;
+  (*r)["loader_cpus"] = binds ? nl::FormatCpuList(plan.loader_cpus) : std::string();
+  (*r)["numa_node"] = binds ? plan.numa_node : -1;
+  (*r)["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
+}
+
+void AddEpochIndices(json* r, int rank, const std::map<uint64_t, std::vector<int64_t>>& indices) {
+  json e = json::array();
+  for (const auto& [epoch, v] : indices)
+    e.push_back({{"rank", rank}, {"epoch", epoch}, {"indices", v}});
+  (*r)["epoch_indices"] = e;
 }
 
 json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, bool binds,
@@ -121,22 +194,7 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   c.world = a.ranks;
   c.threads = RankThreads(a, plan);
   nl::BindReport trainer;
-  if (binds) {
-    trainer = nl::BindThisThread(topo, plan.trainer_cpus, plan.mem_node);
-    std::fprintf(stderr, "%s\n", nl::AffinityLine(rank, plan, trainer).c_str());
-    c.thread_start =
-        nl::LoaderThreadStartHook(topo, plan, rank, [rank](int w, const nl::BindReport& br) {
-          if (br.cpu != nl::BindState::kApplied ||
-              (br.mem != nl::BindState::kApplied && br.mem != nl::BindState::kNotRequested)) {
-            std::fprintf(
-                stderr,
-                "[Affinity][Rank %d] loader worker %d: cpu_binding=%s mem_binding=%s %s %s\n", rank,
-                w, std::string(nl::BindStateName(br.cpu)).c_str(),
-                std::string(nl::BindStateName(br.mem)).c_str(), br.cpu_detail.c_str(),
-                br.mem_detail.c_str());
-          }
-        });
-  }
+  if (binds) trainer = BindRank(topo, plan, rank, &c);
   // Timed from before Open: the workers start filling batches inside it.
   const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();
@@ -145,50 +203,25 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
     r["error"] = p.status().ToString();
     return r;
   }
-  std::vector<double> waits;
-  uint64_t images = 0;
-  std::map<uint64_t, std::vector<int64_t>> epoch_indices;
-  while (true) {
-    const auto w0 = Clock::now();
-    nl::Result<nl::BatchView> b = (*p)->Next();
-    if (!b.ok()) {
-      if (b.status().code() != nl::StatusCode::kOutOfRange) r["error"] = b.status().ToString();
-      break;
-    }
-    waits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
-    images += b->size;
-    if (!a.record_indices.empty()) {
-      auto& v = epoch_indices[b->epoch];
-      v.insert(v.end(), b->indices, b->indices + b->size);
-    }
-    if (a.step_ms > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.step_ms));
-    if (nl::Status rs = (*p)->Release(*b); !rs.ok()) {
-      r["error"] = rs.ToString();
-      break;
-    }
-  }
+  Loaded got;
+  if (const std::string error = LoadAll(a, **p, &got); !error.empty()) r["error"] = error;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double cpu = CpuSeconds() - cpu0;
   const nl::PipelineStats st = (*p)->Stats();
   const auto [anon, file] = Rss();
-  std::vector<double> sorted = waits;
+  std::vector<double> sorted = got.waits;
   std::sort(sorted.begin(), sorted.end());
-  const double mean = Mean(waits);
-  const double bytes = static_cast<double>(images) * (*p)->sample_bytes();
-  r["images"] = images;
-  r["batches"] = waits.size();
+  const double bytes = static_cast<double>(got.images) * (*p)->sample_bytes();
+  r["images"] = got.images;
+  r["batches"] = got.waits.size();
   r["seconds"] = secs;
-  r["images_per_s"] = secs > 0 ? images / secs : 0;
+  r["images_per_s"] = secs > 0 ? got.images / secs : 0;
   r["mb_per_s"] = secs > 0 ? bytes / secs / 1e6 : 0;
-  r["wait_ms_mean"] = mean;
+  r["wait_ms_mean"] = Mean(got.waits);
   r["wait_ms_p95"] = Percentile(sorted, 95);
-  r["cpu_us_per_image"] = images ? cpu / images * 1e6 : 0;
+  r["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;
   r["cores_used"] = secs > 0 ? cpu / secs : 0;
-  r["threads"] = c.threads;
-  r["loader_cpus"] = binds ? nl::FormatCpuList(plan.loader_cpus) : std::string();
-  r["numa_node"] = binds ? plan.numa_node : -1;
-  r["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
+  AddPlacement(&r, binds, plan, trainer, c.threads);
   r["skipped"] = st.skipped;
   r["stage_s"] = {{"read", st.read_s}, {"decode", st.decode_s}, {"transform", st.transform_s}};
   r["prefetch_ready_mean"] = st.mean_ready;
@@ -196,12 +229,7 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   r["rss_file_mib"] = file;
   r["buffers_mib"] =
       static_cast<double>(c.prefetch) * c.batch_size * (*p)->sample_bytes() / (1 << 20);
-  if (!a.record_indices.empty()) {
-    json e = json::array();
-    for (auto& [epoch, v] : epoch_indices)
-      e.push_back({{"rank", rank}, {"epoch", epoch}, {"indices", v}});
-    r["epoch_indices"] = e;
-  }
+  if (!a.record_indices.empty()) AddEpochIndices(&r, rank, got.epoch_indices);
   return r;
 }
 
@@ -213,14 +241,20 @@ constexpr double kBatchTimeoutS = 60;
 // Seconds a serve (or the Python consumer) may take to exit once its stream is done.
 constexpr double kExitLimitS = 10;
 
-// The directory this program lies in (from /proc/self/exe).
-std::string ProgramDir() {
+// This program's path (from /proc/self/exe).
+nl::Result<std::string> SelfPath() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  const std::string self(buf, static_cast<size_t>(n));
-  const size_t slash = self.rfind('/');
-  return slash == std::string::npos ? "." : self.substr(0, slash);
+  if (n <= 0) return nl::Status::FromErrno("cannot read /proc/self/exe", errno);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The directory this program lies in.
+std::string ProgramDir() {
+  const nl::Result<std::string> self = SelfPath();
+  if (!self.ok()) return ".";
+  const size_t slash = self->rfind('/');
+  return slash == std::string::npos ? "." : self->substr(0, slash);
 }
 
 // The `loader` binary: --loader, else the one beside this program.
@@ -263,31 +297,27 @@ std::string JoinPlans(const nl::BindingPlan& plan,
   return out;
 }
 
-// `loader serve` for one rank: this run's data, pipeline and transform
-// options, its epochs and threads, and its plan: every local rank's cpus
-// (trainer and loader, which serve splits the same way) and NUMA node, or
-// --no-bind.
-std::vector<std::string> ServeCommand(const Args& a, const std::string& loader,
-                                      const nl::JobPlan& job, bool binds, int rank,
-                                      uint32_t threads) {
-  const std::string r = std::to_string(rank), world = std::to_string(a.ranks);
-  std::vector<std::string> cmd = {loader, "serve"};
-  for (const auto& [flag, value] : std::vector<std::pair<const char*, std::string>>{
-           {"--job-id", ServiceJobId(a.parent_pid)},
-           {"--rank", r},
-           {"--world-size", world},
-           {"--local-rank", r},
-           {"--local-world-size", world},
-           {"--epochs", std::to_string(a.pipeline.epochs)},
-           {"--threads", std::to_string(threads)},
-           {"--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))}}) {
-    cmd.push_back(flag);
-    cmd.push_back(value);
-  }
-  cmd.insert(cmd.end(), a.serve_options.begin(), a.serve_options.end());
+// What `loader serve` for one rank is told: this run's data, pipeline and
+// transform options, its epochs and threads, and its plan: every local
+// rank's cpus (trainer and loader, which serve splits the same way, with the
+// same --trainer-cores) and NUMA node, or --no-bind.
+nl::ServeRequest ServeRequestFor(const Args& a, const nl::JobPlan& job, bool binds, int rank,
+                                 uint32_t threads) {
+  nl::ServeRequest r;
+  r.service.pipeline = a.pipeline;
+  r.service.pipeline.rank = rank;
+  r.service.pipeline.world = a.ranks;
+  r.service.job_id = ServiceJobId(a.parent_pid);
+  r.service.attach_timeout_s = kAttachLimitS;
+  r.local_rank = rank;
+  r.local_world = a.ranks;
+  r.threads = threads;
+  r.plan.trainer_cores = a.plan.trainer_cores;
+  r.plan.allow_shared_cores = a.plan.allow_shared_cores;
+  r.plan.ignore_gpus = a.plan.ignore_gpus;
+  r.plan.no_bind = !binds;
   if (binds) {
-    cmd.push_back("--cpu-affinity");
-    cmd.push_back(JoinPlans(
+    r.plan.cpu_affinity = JoinPlans(
         job.plan,
         [](const nl::RankPlan& p) {
           nl::CpuList all = p.trainer_cpus;
@@ -296,16 +326,11 @@ std::vector<std::string> ServeCommand(const Args& a, const std::string& loader,
           all.erase(std::unique(all.begin(), all.end()), all.end());
           return nl::FormatCpuList(all);
         },
-        ";"));
-    cmd.push_back("--numa-node");
-    cmd.push_back(JoinPlans(
-        job.plan, [](const nl::RankPlan& p) { return std::to_string(p.numa_node); }, ","));
-  } else {
-    cmd.push_back("--no-bind");
+        ";");
+    r.plan.numa_node = JoinPlans(
+        job.plan, [](const nl::RankPlan& p) { return std::to_string(p.numa_node); }, ",");
   }
-  if (a.plan.allow_shared_cores) cmd.push_back("--allow-shared-cores");
-  if (a.plan.ignore_gpus) cmd.push_back("--ignore-gpus");
-  return cmd;
+  return r;
 }
 
 // What a consumer saw: every batch's time in Next (ms, waits included) and
@@ -466,6 +491,44 @@ nl::Status ConsumePython(const Args& a, int rank, nl::proc::ChildProcess* serve,
   return nl::Status::Ok();
 }
 
+// The consumer's own numbers: its waits and per-batch cost (the Python
+// consumer reports its mean cost only).
+void AddConsumerCost(json* r, const std::string& consumer, const Consumed& got) {
+  if (consumer == "python") {
+    (*r)["consumer_us_mean"] = got.python_cost_us;
+    return;
+  }
+  std::vector<double> waits = got.next_ms, costs = got.cost_us;
+  std::sort(waits.begin(), waits.end());
+  std::sort(costs.begin(), costs.end());
+  (*r)["wait_ms_mean"] = Mean(waits);
+  (*r)["wait_ms_p95"] = Percentile(waits, 95);
+  (*r)["consumer_us_mean"] = Mean(costs);
+  (*r)["consumer_us_p99"] = Percentile(costs, 99);
+}
+
+// A service rank's rates: from the attach to the stream's end; its CPU time
+// is the consumer's (and the Python consumer's) and the serve's.
+void AddServiceRates(json* r, const Args& a, const Consumed& got, const nl::proc::ChildExit& served,
+                     Clock::time_point t0, double cpu0) {
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double secs = got.stream_s;
+  const double cpu = CpuSeconds() - cpu0 + CpuSecondsOf(served.usage) + got.python_cpu_s;
+  const uint64_t sample_bytes =
+      got.sample_bytes ? got.sample_bytes : nl::SampleTransform(a.pipeline.transform).SampleBytes();
+  (*r)["images"] = got.images;
+  (*r)["batches"] = got.batches;
+  (*r)["seconds"] = secs;
+  // The serve's start (exec, plan, ring) until the attach: not in the rates,
+  // as inprocess's rates leave out its plan.
+  (*r)["startup_s"] = std::chrono::duration<double>(got.attached - t0).count();
+  (*r)["wall_s"] = wall;
+  (*r)["images_per_s"] = secs > 0 ? got.images / secs : 0;
+  (*r)["mb_per_s"] = secs > 0 ? static_cast<double>(got.images) * sample_bytes / secs / 1e6 : 0;
+  (*r)["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;  // consumer(s) and serve
+  (*r)["cores_used"] = wall > 0 ? cpu / wall : 0;
+}
+
 json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& plan, bool binds,
                     int rank) {
   json r;
@@ -484,7 +547,8 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();
   nl::Result<nl::proc::ChildProcess> serve = nl::proc::ChildProcess::Start(
-      ServeCommand(a, *loader, job, binds, rank, threads), {}, log->get(), log->get());
+      nl::ServeArgv(*loader, ServeRequestFor(a, job, binds, rank, threads)), {}, log->get(),
+      log->get());
   if (!serve.ok()) return error(serve.status());
   // The consumer on the trainer's cpus, as inprocess; bound after the serve
   // started, which must not inherit this binding (it binds per the plan).
@@ -498,8 +562,6 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
                                          : ConsumeCpp(a, rank, &*serve, log->get(), &got);
   if (!st.ok()) return error(st);  // the serve is killed as it goes
   nl::Result<nl::proc::ChildExit> served = serve->WaitFor(kExitLimitS, "loader serve");
-  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double secs = got.stream_s;
   if (!served.ok()) return error(served.status());
   if (!served->Succeeded()) {
     return error(nl::Status::Internal("loader serve for rank " + std::to_string(rank) + " ended (" +
@@ -508,123 +570,72 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   }
   for (const std::string& line : nl::proc::LinesWith(log->get(), "[Affinity]"))
     std::fprintf(stderr, "%s (loader serve)\n", line.c_str());
-  const double cpu = CpuSeconds() - cpu0 + CpuSecondsOf(served->usage) + got.python_cpu_s;
+  AddServiceRates(&r, a, got, *served, t0, cpu0);
+  AddConsumerCost(&r, a.consumer, got);
+  AddPlacement(&r, binds, plan, trainer, threads);
   const auto [anon, file] = Rss();
-  const uint64_t sample_bytes =
-      got.sample_bytes ? got.sample_bytes : nl::SampleTransform(a.pipeline.transform).SampleBytes();
-  r["images"] = got.images;
-  r["batches"] = got.batches;
-  r["seconds"] = secs;
-  // The serve's start (exec, plan, ring) until the attach: not in the rates,
-  // as inprocess's rates leave out its plan.
-  r["startup_s"] = std::chrono::duration<double>(got.attached - t0).count();
-  r["wall_s"] = wall;
-  r["images_per_s"] = secs > 0 ? got.images / secs : 0;
-  r["mb_per_s"] = secs > 0 ? static_cast<double>(got.images) * sample_bytes / secs / 1e6 : 0;
-  if (a.consumer == "python") {
-    r["consumer_us_mean"] = got.python_cost_us;  // the Python consumer reports its mean only
-  } else {
-    std::vector<double> waits = got.next_ms, costs = got.cost_us;
-    std::sort(waits.begin(), waits.end());
-    std::sort(costs.begin(), costs.end());
-    r["wait_ms_mean"] = Mean(waits);
-    r["wait_ms_p95"] = Percentile(waits, 95);
-    r["consumer_us_mean"] = Mean(costs);
-    r["consumer_us_p99"] = Percentile(costs, 99);
-  }
-  r["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;  // consumer(s) and serve
-  r["cores_used"] = wall > 0 ? cpu / wall : 0;
-  r["threads"] = threads;
-  r["loader_cpus"] = binds ? nl::FormatCpuList(plan.loader_cpus) : std::string();
-  r["numa_node"] = binds ? plan.numa_node : -1;
-  r["cpu_binding"] = binds ? std::string(nl::BindStateName(trainer.cpu)) : "off";
   r["rss_anon_mib"] = anon;  // the consumer
   r["rss_file_mib"] = file;
   r["serve_max_rss_mib"] = served->usage.ru_maxrss / 1024.0;
-  if (!a.record_indices.empty()) {
-    json e = json::array();
-    for (auto& [epoch, v] : got.epoch_indices)
-      e.push_back({{"rank", rank}, {"epoch", epoch}, {"indices", v}});
-    r["epoch_indices"] = e;
-  }
+  if (!a.record_indices.empty()) AddEpochIndices(&r, rank, got.epoch_indices);
   return r;
 }
 
 // One process per rank, each a fresh exec of this program (nothing of this
 // process's threads or libraries' state is inherited), its stdout a pipe.
-struct RankProcesses {
-  std::vector<pid_t> pids;
-  std::vector<int> fds;  // read ends
+// Dropped before it is waited for, a rank is killed and reaped.
+struct RankProcess {
+  nl::proc::ChildProcess process;
+  nl::Fd out;  // the read end of its stdout
 };
 
-// Stops and reaps the rank processes started so far (ours, by pid).
-void StopRanks(RankProcesses* p) {
-  for (pid_t pid : p->pids) kill(pid, SIGTERM);
-  for (int fd : p->fds) close(fd);
-  for (pid_t pid : p->pids) waitpid(pid, nullptr, 0);
-  p->pids.clear();
-  p->fds.clear();
-}
-
-nl::Result<RankProcesses> SpawnRanks(const Args& a) {
-  RankProcesses procs;
+nl::Result<std::vector<RankProcess>> SpawnRanks(const Args& a) {
+  NL_ASSIGN_OR_RETURN(const std::string self, SelfPath());
+  std::vector<RankProcess> procs;  // on an error, the ranks started so far are killed and reaped
   for (int r = 0; r < a.ranks; ++r) {
     int p[2];
-    if (pipe(p) != 0) {
-      const int e = errno;
-      StopRanks(&procs);
-      return nl::Status::FromErrno("cannot make a pipe for rank " + std::to_string(r), e);
+    if (pipe2(p, O_CLOEXEC) != 0) {
+      return nl::Status::FromErrno("cannot make a pipe for rank " + std::to_string(r), errno);
     }
+    nl::Fd read_end(p[0]), write_end(p[1]);
     std::vector<std::string> args = a.argv;
-    args.push_back("--parent-pid");
-    args.push_back(std::to_string(getpid()));
-    args.push_back("--child-rank");
-    args.push_back(std::to_string(r));
-    std::vector<char*> cargs;
-    for (auto& x : args) cargs.push_back(x.data());
-    cargs.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    posix_spawn_file_actions_addclose(&fa, p[0]);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, cargs.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    if (rc != 0) {
-      close(p[0]);
-      StopRanks(&procs);
-      return nl::Status::FromErrno("cannot start rank " + std::to_string(r), rc);
+    args[0] = self;
+    for (const std::string& x :
+         {std::string("--parent-pid"), std::to_string(getpid()), std::string("--child-rank"),
+          std::to_string(r)}) {
+      args.push_back(x);
     }
-    procs.pids.push_back(pid);
-    procs.fds.push_back(p[0]);
+    nl::Result<nl::proc::ChildProcess> child =
+        nl::proc::ChildProcess::Start(args, {}, write_end.get(), -1);
+    if (!child.ok()) return child.status().WithContext("cannot start rank " + std::to_string(r));
+    procs.push_back({std::move(*child), std::move(read_end)});
   }
   return procs;
 }
 
-// Reads every rank's output to its end (all at once, so no rank blocks on a full pipe).
-std::vector<std::string> ReadOutputs(const std::vector<int>& fds) {
-  std::vector<std::string> outs(fds.size());
-  std::vector<bool> open(fds.size(), true);
-  size_t left = fds.size();
+// Reads every rank's output to its end (all at once, so no rank blocks on a
+// full pipe), closing each pipe at its end.
+std::vector<std::string> ReadOutputs(std::vector<RankProcess>* procs) {
+  std::vector<std::string> outs(procs->size());
+  size_t left = procs->size();
   while (left > 0) {
     std::vector<pollfd> pf;
     std::vector<size_t> which;
-    for (size_t r = 0; r < fds.size(); ++r) {
-      if (!open[r]) continue;
-      pf.push_back({fds[r], POLLIN, 0});
+    for (size_t r = 0; r < procs->size(); ++r) {
+      if (!(*procs)[r].out.valid()) continue;
+      pf.push_back({(*procs)[r].out.get(), POLLIN, 0});
       which.push_back(r);
     }
     if (poll(pf.data(), pf.size(), -1) < 0) continue;
     for (size_t k = 0; k < pf.size(); ++k) {
       if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      nl::Fd& fd = (*procs)[which[k]].out;
       char buf[65536];
-      const ssize_t n = read(fds[which[k]], buf, sizeof buf);
+      const ssize_t n = read(fd.get(), buf, sizeof buf);
       if (n > 0) {
         outs[which[k]].append(buf, static_cast<size_t>(n));
       } else if (n == 0 || errno != EINTR) {
-        open[which[k]] = false;
-        close(fds[which[k]]);
+        fd.Reset();
         --left;
       }
     }
@@ -637,15 +648,12 @@ json MalformedRow(int rank, const char* field) {
           {"error", std::string("rank process printed a result without a valid '") + field + "'"}};
 }
 
-// Waits for each rank process and turns its output into its row.
-json RankResult(int rank, pid_t pid, const std::string& out) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || out.empty()) {
-    const std::string how = WIFSIGNALED(status)
-                                ? "killed by signal " + std::to_string(WTERMSIG(status))
-                                : "exit status " + std::to_string(WEXITSTATUS(status));
-    return {{"rank", rank}, {"error", "rank process ended abnormally (" + how + ")"}};
+// Waits for a rank process and turns its output into its row.
+json RankResult(int rank, nl::proc::ChildProcess* process, const std::string& out) {
+  const nl::Result<nl::proc::ChildExit> e = process->WaitFor(-1, "rank process");
+  if (!e.ok()) return {{"rank", rank}, {"error", e.status().ToString()}};
+  if (!e->Succeeded() || out.empty()) {
+    return {{"rank", rank}, {"error", "rank process ended abnormally (" + e->Describe() + ")"}};
   }
   json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -679,14 +687,11 @@ class IndexFile {
  public:
   static nl::Result<std::unique_ptr<IndexFile>> Open(const std::string& path) {
     // Mode 0600: what the tools write is their user's only.
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
-    FILE* f = ::fdopen(fd, "w");
-    if (!f) {
-      const int e = errno;
-      ::close(fd);
-      return nl::Status::FromErrno("--record-indices: cannot open " + path, e);
-    }
+    nl::Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!fd.valid()) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
+    FILE* f = ::fdopen(fd.get(), "w");
+    if (!f) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
+    fd.Release();  // the stream owns it now
     return std::unique_ptr<IndexFile>(new IndexFile(path, f));
   }
   ~IndexFile() {
@@ -720,13 +725,13 @@ constexpr double kShortRunS = 0.5;
 // The longest --step-ms (about 17 minutes per batch).
 constexpr double kMaxStepMs = 1e6;
 
-json Gather(const Args& a, const RankProcesses& procs, const std::vector<std::string>& outs,
+json Gather(const Args& a, std::vector<RankProcess>* procs, const std::vector<std::string>& outs,
             IndexFile* rec) {
   json all;
   all["ranks"] = json::array();
   double total = 0, shortest = 1e300;
   for (int r = 0; r < a.ranks; ++r) {
-    json j = RankResult(r, procs.pids[r], outs[r]);
+    json j = RankResult(r, &(*procs)[r].process, outs[r]);
     if (j.contains("epoch_indices")) {
       if (rec && j["epoch_indices"].is_array())
         for (const auto& e : j["epoch_indices"]) rec->WriteLine(e.dump());
@@ -808,14 +813,6 @@ nl::Status CheckJobBufferMemory(const Args& a) {
   return nl::Status::ResourceExhausted(msg);
 }
 
-// A rank process must not outlive the loader_bench that spawned it (killed,
-// it can no longer read the result): the kernel kills the rank when its
-// parent dies. False when the parent is already gone.
-bool DieWithParent(long parent_pid) {
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return true;  // best effort
-  return parent_pid == 0 || getppid() == static_cast<pid_t>(parent_pid);
-}
-
 int Fail(const nl::Status& st) {
   std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
   return 1;
@@ -857,8 +854,9 @@ nl::Result<json> RunMode(const Args& a, const std::string& mode, IndexFile* rec)
   Args m = a;
   m.argv.push_back("--child-mode");
   m.argv.push_back(mode);
-  NL_ASSIGN_OR_RETURN(RankProcesses procs, SpawnRanks(m));
-  json all = Gather(a, procs, ReadOutputs(procs.fds), rec);
+  NL_ASSIGN_OR_RETURN(std::vector<RankProcess> procs, SpawnRanks(m));
+  const std::vector<std::string> outs = ReadOutputs(&procs);
+  json all = Gather(a, &procs, outs, rec);
   if (mode == "service") {
     all["mode"] = "service";
     all["consumer"] = a.consumer;
@@ -902,72 +900,63 @@ void PrintComparison(const json& c) {
   }
 }
 
-// The data, pipeline and transform options given on the command line, as
-// `loader serve` takes them (it has the same ones: AddPipelineOptions and
-// AddTransformOptions).
-std::vector<std::string> ServeOptionsGiven(const CLI::App& app) {
-  CLI::App shared;
-  nl::PipelineConfig pc;
-  nl::PipelineFlags pf;
-  nl::TransformFlags tf;
-  nl::AddPipelineOptions(&shared, &pc, &pf);
-  nl::AddTransformOptions(&shared, &pc.transform, &tf);
-  std::vector<std::string> out;
-  for (const CLI::Option* o : shared.get_options()) {
-    if (o == shared.get_help_ptr()) continue;
-    const std::string name = o->get_name();
-    const CLI::Option* given = app.get_option_no_throw(name);
-    if (given == nullptr || given->count() == 0) continue;
-    if (given->get_expected_max() == 0) {  // a flag: passed on when it is on (not --flag=false)
-      if (given->as<bool>()) out.push_back(name);
-      continue;
-    }
-    for (const std::string& v : given->results()) {
-      out.push_back(name);
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
-int Run(Args a) {
-  nl::Status st = nl::FinishPipelineOptions(a.pflags, &a.pipeline);
-  if (st.ok()) st = nl::FinishTransformOptions(a.tflags, &a.pipeline.transform);
-  if (!st.ok()) return Fail(st);
-  if (!std::isfinite(a.step_ms) || a.step_ms < 0 || a.step_ms > kMaxStepMs) {
+// The options, checked together once parsed.
+nl::Status FinishOptions(Args* a) {
+  NL_RETURN_IF_ERROR(nl::FinishPipelineOptions(a->pflags, &a->pipeline));
+  NL_RETURN_IF_ERROR(nl::FinishTransformOptions(a->tflags, &a->pipeline.transform));
+  if (!std::isfinite(a->step_ms) || a->step_ms < 0 || a->step_ms > kMaxStepMs) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "--step-ms must be a number of ms in 0..%.0f (got %g)",
-                  kMaxStepMs, a.step_ms);
-    return Fail(nl::Status::InvalidArgument(msg));
+                  kMaxStepMs, a->step_ms);
+    return nl::Status::InvalidArgument(msg);
   }
-  // The same plan in the parent and in every rank process. --bind off plans
-  // as --bind on does (so both run the same loader threads) and binds nothing.
-  a.plan.nproc = a.ranks;
-  a.plan.no_bind = false;
-  const bool binds = a.bind == "on";
-  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.plan.cuda_visible_devices = cvd;
-  nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.plan);
-  if (!job.ok()) return Fail(job.status());
-  if (a.child_rank >= 0) {  // a rank process: run, print the result as JSON
-    if (a.child_rank >= a.ranks) return 2;
-    if (!DieWithParent(a.parent_pid)) return 1;
-    const nl::RankPlan& mine = job->plan.ranks[a.child_rank];
-    const json row = a.child_mode == "service"
-                         ? RunServiceRank(a, *job, mine, binds, a.child_rank)
-                         : RunRank(a, job->topology, mine, binds, a.child_rank);
-    std::cout << row.dump() << std::endl;
-    return 0;
-  }
-  st = CheckModeOptions(a);
-  if (!st.ok()) return Fail(st);
-  for (const std::string& note : job->notes)
-    std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
+  return nl::Status::Ok();
+}
+
+// A rank process: runs its rank and prints its row as JSON.
+int RunChild(const Args& a, const nl::JobPlan& job, bool binds) {
+  if (a.child_rank >= a.ranks) return 2;
+  const nl::RankPlan& mine = job.plan.ranks[a.child_rank];
+  const json row = a.child_mode == "service" ? RunServiceRank(a, job, mine, binds, a.child_rank)
+                                             : RunRank(a, job.topology, mine, binds, a.child_rank);
+  std::cout << row.dump() << std::endl;
+  return 0;
+}
+
+void PrintNotes(const nl::JobPlan& job, bool binds) {
+  for (const std::string& note : job.notes) std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
   if (!binds) std::fprintf(stderr, "loader_bench: --bind off: no rank is bound\n");
-  if (!job->gpu_note.empty())
+  if (!job.gpu_note.empty())
     std::fprintf(stderr, "loader_bench: note: no GPU found through CUDA: %s\n",
-                 job->gpu_note.c_str());
-  st = CheckJobBufferMemory(a);
-  if (!st.ok()) return Fail(st);
+                 job.gpu_note.c_str());
+}
+
+// The runs' table or JSON (--mode both: the two and their comparison).
+void Report(const Args& a, const std::vector<json>& runs) {
+  if (a.mode != "both") {
+    if (a.json_out) {
+      std::cout << runs[0].dump() << "\n";
+    } else {
+      PrintTable(a, runs[0]);
+    }
+    return;
+  }
+  json both = Compare(runs[0], runs[1]);
+  both["inprocess"] = runs[0];
+  both["service"] = runs[1];
+  if (a.json_out) {
+    std::cout << both.dump() << "\n";
+    return;
+  }
+  std::printf("in-process:\n");
+  PrintTable(a, runs[0]);
+  std::printf("service (%s consumer):\n", a.consumer.c_str());
+  PrintTable(a, runs[1]);
+  PrintComparison(both);
+}
+
+// Runs the ranks of each mode asked for (inprocess, then service) and reports them.
+int RunModes(const Args& a) {
   std::unique_ptr<IndexFile> rec;
   if (!a.record_indices.empty()) {  // opened before any rank runs: a bad path costs nothing
     nl::Result<std::unique_ptr<IndexFile>> f = IndexFile::Open(a.record_indices);
@@ -984,31 +973,76 @@ int Run(Args a) {
   int rc = 0;
   for (const json& all : runs)
     for (const auto& j : all["ranks"]) rc = j.contains("error") ? 1 : rc;
-  if (a.mode != "both") {
-    if (a.json_out) {
-      std::cout << runs[0].dump() << "\n";
-    } else {
-      PrintTable(a, runs[0]);
-    }
-  } else {
-    json both = Compare(runs[0], runs[1]);
-    both["inprocess"] = runs[0];
-    both["service"] = runs[1];
-    if (a.json_out) {
-      std::cout << both.dump() << "\n";
-    } else {
-      std::printf("in-process:\n");
-      PrintTable(a, runs[0]);
-      std::printf("service (%s consumer):\n", a.consumer.c_str());
-      PrintTable(a, runs[1]);
-      PrintComparison(both);
-    }
-  }
+  Report(a, runs);
   if (rec) {
-    st = rec->Close();
+    const nl::Status st = rec->Close();
     if (!st.ok()) return Fail(st);
   }
   return rc;
+}
+
+int Run(Args a) {
+  nl::Status st = FinishOptions(&a);
+  if (!st.ok()) return Fail(st);
+  // The same plan in the parent and in every rank process. --bind off plans
+  // as --bind on does (so both run the same loader threads) and binds nothing.
+  a.plan.nproc = a.ranks;
+  a.plan.no_bind = false;
+  const bool binds = a.bind == "on";
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) a.plan.cuda_visible_devices = cvd;
+  nl::Result<nl::JobPlan> job = nl::MakeJobPlan(a.plan);
+  if (!job.ok()) return Fail(job.status());
+  if (a.child_rank >= 0) return RunChild(a, *job, binds);
+  st = CheckModeOptions(a);
+  if (!st.ok()) return Fail(st);
+  PrintNotes(*job, binds);
+  st = CheckJobBufferMemory(a);
+  if (!st.ok()) return Fail(st);
+  return RunModes(a);
+}
+
+void AddBenchOptions(CLI::App* app, Args* a) {
+  app->add_option("--ranks", a->ranks,
+                  "Ranks, one process each: 1.." + std::to_string(nl::kMaxLocalRanks) +
+                      " (more than the allowed cores needs --allow-shared-cores)")
+      ->check(CLI::Range(1, nl::kMaxLocalRanks))
+      ->capture_default_str();
+  app->add_option("--threads-per-rank", a->threads,
+                  "Loader threads per rank, 1.." + std::to_string(nl::WorkerPool::kMaxThreads) +
+                      " (default: the plan's loader cores)")
+      ->check(CLI::Range(1u, nl::WorkerPool::kMaxThreads));
+  app->add_option("--epochs", a->pipeline.epochs, "Epochs to load, at least 1")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
+      ->capture_default_str();
+  app->add_option("--bind", a->bind, "on: bind per the plan; off: no binding")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app->add_option("--step-ms", a->step_ms,
+                  "Simulated compute per batch, in ms, 0..1000000 (0: consume as fast as possible)");
+  app->add_option("--record-indices", a->record_indices,
+                  "Write {rank, epoch, indices} JSON lines to FILE");
+  app->add_flag("--json", a->json_out, "Print JSON");
+  app->add_option("--mode", a->mode,
+                  "inprocess: the pipeline in each rank process; service: a `loader serve` per "
+                  "rank, consumed through its ring; both: one, then the other, and their ratio")
+      ->check(CLI::IsMember({"inprocess", "service", "both"}))
+      ->capture_default_str();
+  app->add_option("--consumer", a->consumer,
+                  "service: cpp (RingClient in the rank process) or python (python3 -m "
+                  "numa_loader.consume, PYTHONPATH=<build>/python)")
+      ->check(CLI::IsMember({"cpp", "python"}))
+      ->capture_default_str();
+  app->add_option("--loader", a->loader_path,
+                  "service: the loader binary (default: `loader` beside loader_bench)");
+}
+
+void AddInternalOptions(CLI::App* app, Args* a) {
+  app->add_option("--parent-pid", a->parent_pid, "internal: the spawning loader_bench")->group("");
+  app->add_option("--child-rank", a->child_rank, "internal: run one rank and print its JSON")
+      ->group("");
+  app->add_option("--child-mode", a->child_mode, "internal: the rank's mode")
+      ->check(CLI::IsMember({"inprocess", "service"}))
+      ->group("");
 }
 
 }  // namespace
@@ -1017,54 +1051,12 @@ int main(int argc, char** argv) {
   CLI::App app{"loader_bench: loader throughput per rank"};
   Args a;
   a.pipeline.epochs = 1;
-  app.add_option("--ranks", a.ranks,
-                 "Ranks, one process each: 1.." + std::to_string(nl::kMaxLocalRanks) +
-                     " (more than the allowed cores needs --allow-shared-cores)")
-      ->check(CLI::Range(1, nl::kMaxLocalRanks))
-      ->capture_default_str();
-  app.add_option("--threads-per-rank", a.threads,
-                 "Loader threads per rank, 1.." + std::to_string(nl::WorkerPool::kMaxThreads) +
-                     " (default: the plan's loader cores)")
-      ->check(CLI::Range(1u, nl::WorkerPool::kMaxThreads));
-  app.add_option("--epochs", a.pipeline.epochs, "Epochs to load, at least 1")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
-      ->capture_default_str();
-  app.add_option("--bind", a.bind, "on: bind per the plan; off: no binding")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  app.add_option("--topology", a.plan.topology_file,
-                 "Plan from an hwloc XML file (binding then reports not_supported)");
-  app.add_flag("--allow-shared-cores", a.plan.allow_shared_cores,
-               "Let ranks share cores when there are fewer allowed cores than ranks");
-  app.add_flag("--ignore-gpus", a.plan.ignore_gpus,
-               "Plan as if no GPU were visible (e.g. more ranks than GPUs)");
-  app.add_option("--step-ms", a.step_ms,
-                 "Simulated compute per batch, in ms, 0..1000000 (0: consume as fast as possible)");
-  app.add_option("--record-indices", a.record_indices,
-                 "Write {rank, epoch, indices} JSON lines to FILE");
-  app.add_flag("--json", a.json_out, "Print JSON");
-  app.add_option("--mode", a.mode,
-                 "inprocess: the pipeline in each rank process; service: a `loader serve` per "
-                 "rank, consumed through its ring; both: one, then the other, and their ratio")
-      ->check(CLI::IsMember({"inprocess", "service", "both"}))
-      ->capture_default_str();
-  app.add_option("--consumer", a.consumer,
-                 "service: cpp (RingClient in the rank process) or python (python3 -m "
-                 "numa_loader.consume, PYTHONPATH=<build>/python)")
-      ->check(CLI::IsMember({"cpp", "python"}))
-      ->capture_default_str();
-  app.add_option("--loader", a.loader_path,
-                 "service: the loader binary (default: `loader` beside loader_bench)");
+  AddBenchOptions(&app, &a);
+  nl::AddPlanOptions(&app, &a.plan, nl::kPlanTopology | nl::kPlanPlacement | nl::kPlanFallbacks);
   nl::AddPipelineOptions(&app, &a.pipeline, &a.pflags);
   nl::AddTransformOptions(&app, &a.pipeline.transform, &a.tflags);
-  app.add_option("--parent-pid", a.parent_pid, "internal: the spawning loader_bench")->group("");
-  app.add_option("--child-rank", a.child_rank, "internal: run one rank and print its JSON")
-      ->group("");
-  app.add_option("--child-mode", a.child_mode, "internal: the rank's mode")
-      ->check(CLI::IsMember({"inprocess", "service"}))
-      ->group("");
+  AddInternalOptions(&app, &a);
   CLI11_PARSE(app, argc, argv);
   a.argv.assign(argv, argv + argc);
-  a.serve_options = ServeOptionsGiven(app);
   return Run(a);
 }

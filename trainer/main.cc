@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <cmath>
 #include <climits>
 #include <cstdio>
@@ -18,7 +17,9 @@
 #include <vector>
 
 #include "base/child_process.h"
+#include "base/parse_number.h"
 #include "formats/manifest.h"
+#include "loader/cli/cli_options.h"
 #include "loader/plan/job_plan.h"
 #include "trainer/launcher.h"
 #include "trainer/options.h"
@@ -30,9 +31,14 @@ namespace {
 using nl::trainer::Options;
 using nl::trainer::Placement;
 
-void AddOptions(CLI::App& app, Options& o) {
-  // A flag given twice: the last one counts (as a script adding to a base command line expects).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+// What the command line holds before it becomes Options: the options shared
+// with the loader (cli_options.h) parse into these.
+struct SharedOptions {
+  nl::JobPlanRequest plan;
+  nl::TransformFlags transform;
+};
+
+void AddLaunchOptions(CLI::App& app, Options& o) {
   app.add_option("--data", o.data, "Shard set directory (pack_tool output)")->required();
   app.add_option("--nproc-per-node", o.nproc_per_node, "Ranks on this node")
       ->check(CLI::Range(1, 1024))
@@ -46,6 +52,9 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--master-port", o.master_port, "Port of the rendezvous store")
       ->check(CLI::Range(1, 65535))
       ->capture_default_str();
+}
+
+void AddLoaderOptions(CLI::App& app, Options& o, SharedOptions& shared) {
   app.add_option("--loader", o.loader, "service (a `loader serve` per rank) or inprocess")
       ->check(CLI::IsMember({"service", "inprocess"}))
       ->capture_default_str();
@@ -60,17 +69,17 @@ void AddOptions(CLI::App& app, Options& o) {
                  "size; the rank resizes bilinearly after the copy)")
       ->check(CLI::IsMember({"loader", "device"}))
       ->capture_default_str();
-  app.add_flag("!--no-augment", o.augment, "No pad-crop and flip on the train split");
+  // The train split's transform, as the loader takes it; here the train
+  // transform is the default, and --augment alone means pad-crop 4 and flip.
+  shared.transform.augment = true;
+  shared.transform.augment_pad_crop = 4;
+  nl::AddTransformOptions(&app, &o.transform, &shared.transform, nl::kTransformShape);
+  app.get_option("--image-size")->description("Side of the images the model sees")->check(CLI::Range(8, 4096));
   app.add_option("--eval-split", o.eval_split, "Split evaluated each epoch")->capture_default_str();
-  app.add_option("--gpus", o.gpus, "GPU index of each local rank, e.g. 0,2");
-  app.add_option("--numa-node", o.numa_node, "NUMA node of each local rank, e.g. 0,0,1,1");
-  app.add_option("--cpu-affinity", o.cpu_affinity, "One cpu list per local rank: \"0-9;10-19\"");
-  app.add_option("--trainer-cores", o.trainer_cores, "Cores reserved for each rank's own threads")
-      ->check(CLI::Range(1, 65535))
-      ->capture_default_str();
-  app.add_flag("--allow-shared-cores", o.allow_shared_cores, "Let ranks share cores when a node has too few");
-  app.add_flag("--ignore-gpus", o.ignore_gpus, "Plan as if no GPU were visible");
-  app.add_flag("--no-bind", o.no_bind, "Bind nothing");
+  nl::AddPlanOptions(&app, &shared.plan, nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
+}
+
+void AddTrainingOptions(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "resnet18, resnet50 (torchvision's) or smallcnn (no batch norm)")
       ->check(CLI::IsMember({"resnet18", "resnet50", "smallcnn"}))
       ->capture_default_str();
@@ -92,9 +101,6 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--warmup-steps", o.warmup_steps,
                  "Linear warm-up steps before the cosine decay (default: a tenth of the run, at most 500)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--image-size", o.image_size, "Side of the images the model sees")
-      ->check(CLI::Range(8, 4096))
-      ->capture_default_str();
   app.add_option("--max-steps", o.max_steps, "Stop after this many steps (0: whole epochs)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--seed", o.seed, "Seed of the sample order, augmentation and initial weights")
@@ -114,6 +120,9 @@ void AddOptions(CLI::App& app, Options& o) {
       ->check(CLI::ExistingFile);
   app.add_option("--threads", o.threads, "LibTorch threads per rank (default: the rank's trainer cores)")
       ->check(CLI::Range(1, 1024));
+}
+
+void AddDiagnosticOptions(CLI::App& app, Options& o) {
   app.add_option("--report-every", o.report_every, "Per-rank table every N steps (0: only at epoch end)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
@@ -130,19 +139,101 @@ void AddOptions(CLI::App& app, Options& o) {
       ->capture_default_str();
 }
 
-// An integer environment variable in [lo, hi]; a bad value is an error naming it.
-bool EnvInt(const char* name, long lo, long hi, int* out, std::string* err) {
+void AddOptions(CLI::App& app, Options& o, SharedOptions& shared) {
+  // A flag given twice: the last one counts (as a script adding to a base command line expects).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  AddLaunchOptions(app, o);
+  AddLoaderOptions(app, o, shared);
+  AddTrainingOptions(app, o);
+  AddDiagnosticOptions(app, o);
+}
+
+// The rank hands its loader the train transform as --augment alone always
+// did (pad-crop 4 and flip) or none (--no-augment); until it passes
+// Options::transform whole, the other choices are refused, not dropped.
+std::string TransformTheRankCannotPass(const nl::TransformConfig& t) {
+  if (t.resize != nl::ResizeMode::kSquash) return "--resize " + nl::ResizeModeName(t.resize);
+  if (!t.train) return "";
+  if (t.random_resized_crop) return "--random-resized-crop";
+  if (!t.flip) return "--no-flip";
+  if (t.pad_crop != 4) return "--pad-crop " + std::to_string(t.pad_crop);
+  return "";
+}
+
+// The shared options, checked, into Options ("" or the error).
+std::string FinishSharedOptions(const SharedOptions& shared, Options& o) {
+  if (nl::Status st = nl::FinishTransformOptions(shared.transform, &o.transform); !st.ok()) {
+    return st.message();
+  }
+  if (const std::string x = TransformTheRankCannotPass(o.transform); !x.empty()) {
+    return x + ": the trainer's ranks do not pass this transform to their loader yet (they take "
+               "the default, pad-crop 4 and flip, or --no-augment)";
+  }
+  o.augment = o.transform.train;
+  o.image_size = o.transform.image_size;
+  const nl::JobPlanRequest& p = shared.plan;
+  o.gpus = p.gpus;
+  o.numa_node = p.numa_node;
+  o.cpu_affinity = p.cpu_affinity;
+  o.trainer_cores = p.trainer_cores;
+  o.allow_shared_cores = p.allow_shared_cores;
+  o.ignore_gpus = p.ignore_gpus;
+  o.no_bind = p.no_bind;
+  return "";
+}
+
+// Checks between options ("" or the error).
+std::string CheckOptions(const Options& o) {
+  // CLI11's range checks let NaN through (every comparison with it is false).
+  for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", o.lr},
+                                {"--momentum", o.momentum},
+                                {"--weight-decay", o.weight_decay},
+                                {"--label-smoothing", o.label_smoothing},
+                                {"--delay-ms", o.delay_ms},
+                                {"--timeout", o.timeout_s}}) {
+    if (!std::isfinite(v)) return std::string(name) + " must be a finite number";
+  }
+  if (o.node_rank >= o.nnodes) {
+    return "--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
+           std::to_string(o.nnodes);
+  }
+  if (o.delay_ms > 0 && o.simulate_slow_rank < 0) return "--delay-ms needs --simulate-slow-rank";
+  if (o.simulate_slow_rank >= 0 && o.delay_ms <= 0) return "--simulate-slow-rank needs --delay-ms > 0";
+  if (o.checkpoint_every > 0 && o.out.empty()) return "--checkpoint-every needs --out";
+  if (!o.resume.empty()) {  // a FIFO or device would block or never end
+    struct stat st {};
+    if (stat(o.resume.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return "--resume " + o.resume + " is not a regular file (a checkpoint.pt from --out)";
+    }
+  }
+  return "";
+}
+
+// The testing options that name a rank must name one of the `world`.
+std::string CheckRanksNamed(const Options& o, int world) {
+  if (o.simulate_slow_rank >= world) {
+    return "--simulate-slow-rank " + std::to_string(o.simulate_slow_rank) + " is not a rank of " +
+           std::to_string(world);
+  }
+  if (o.misbind_rank >= world) {
+    return "--misbind-rank " + std::to_string(o.misbind_rank) + " is not a rank of " +
+           std::to_string(world);
+  }
+  return "";
+}
+
+// An integer environment variable in [lo, hi]: false when unset; a bad value
+// is an error naming it and its text.
+bool EnvInt(const char* name, int lo, int hi, int* out, std::string* err) {
   const char* v = std::getenv(name);
   if (!v) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+  const nl::Result<int64_t> x = nl::ParseInt(v, name, lo, hi);
+  if (!x.ok()) {
     *err = std::string(name) + "=" + v + " is not an integer in [" + std::to_string(lo) + ", " +
            std::to_string(hi) + "]";
     return true;
   }
-  *out = static_cast<int>(x);
+  *out = static_cast<int>(*x);
   return true;
 }
 
@@ -153,120 +244,103 @@ std::string SafeJobId(std::string s) {
   return s.substr(0, 64);
 }
 
+// The rank's place from the launcher's variables (RANK, WORLD_SIZE and
+// LOCAL_RANK already read): local world, rendezvous, job id ("" or the error).
+std::string PlaceRank(const Options& o, Placement& p) {
+  std::string err;
+  p.local_world = o.nproc_per_node;
+  if (EnvInt("LOCAL_WORLD_SIZE", 1, 1 << 20, &p.local_world, &err) && !err.empty()) return err;
+  if (p.local_rank >= p.local_world) {
+    return "LOCAL_RANK=" + std::to_string(p.local_rank) + " is not below LOCAL_WORLD_SIZE=" +
+           std::to_string(p.local_world);
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  p.master_addr = addr && *addr ? addr : o.master_addr;
+  p.master_port = o.master_port;
+  if (EnvInt("MASTER_PORT", 1, 65535, &p.master_port, &err) && !err.empty()) return err;
+  const char* job = std::getenv("NL_TRAINER_JOB_ID");
+  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
+  p.job_id = SafeJobId(job && *job ? job
+                       : run && *run ? "torchrun-" + std::string(run) + "-" + std::to_string(p.master_port)
+                                     : "trainer-" + std::to_string(p.master_port));
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  p.agent_store = agent && std::string(agent) == "True";
+  p.launched_by_us = std::getenv("NL_TRAINER_LAUNCHED") != nullptr;
+  return CheckRanksNamed(o, p.world);
+}
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "trainer: error: %s\n", m.c_str());
+  return 2;
+}
+
+// One rank, as the launcher (ours or torchrun) started it.
+int RunOneRank(const Options& o, int rank, int world, int local) {
+  if (rank >= world) {
+    return Fail("RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(world));
+  }
+  Placement p;
+  p.rank = rank;
+  p.world = world;
+  p.local_rank = local;
+  if (const std::string err = PlaceRank(o, p); !err.empty()) return Fail(err);
+  p.failure_fd = nl::proc::TakeFailureFd(std::getenv(nl::proc::kFailureFdVariable));
+  return nl::trainer::RunRank(o, p);
+}
+
+// The launcher: checks the data, plan and outputs once (so a bad one is one
+// error, not one per rank), then runs this node's ranks; the outputs stay
+// locked until every rank has ended.
+int Launch(const Options& o, const std::vector<std::string>& args) {
+  if (const std::string err = CheckRanksNamed(o, o.nproc_per_node * o.nnodes); !err.empty()) {
+    return Fail(err);
+  }
+  nl::Result<nl::Manifest> manifest = nl::LoadManifest(o.data);
+  if (!manifest.ok()) return Fail("cannot read the shard set: " + manifest.status().ToString());
+  nl::Status st = nl::trainer::CheckData(o, *manifest);
+  if (!st.ok()) return Fail("cannot train on " + o.data + ": " + st.ToString());
+  nl::Result<nl::JobPlan> plan = nl::MakeJobPlan(nl::trainer::PlanRequest(o, o.nproc_per_node));
+  if (!plan.ok()) return Fail("cannot plan the binding: " + plan.status().ToString());
+  nl::trainer::OutputLock lock;
+  if (o.node_rank == 0) {  // rank 0, which writes them, runs on node 0
+    st = nl::trainer::CheckOutputs(o);
+    if (!st.ok()) return Fail("cannot write the outputs: " + st.ToString());
+    nl::Result<nl::trainer::OutputLock> l = nl::trainer::LockOutputs(o);
+    if (!l.ok()) return Fail(l.status().ToString());
+    lock = std::move(*l);
+  }
+  const nl::trainer::LaunchResult r =
+      nl::trainer::Launch(o, args, [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); });
+  if (!r.message.empty()) std::fprintf(stderr, "%s\n", r.message.c_str());
+  return r.exit_code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"LibTorch DDP trainer fed by the loader service", "trainer"};
   Options o;
-  AddOptions(app, o);
+  SharedOptions shared;
+  AddOptions(app, o, shared);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  auto fail = [](const std::string& m) {
-    std::fprintf(stderr, "trainer: error: %s\n", m.c_str());
-    return 2;
-  };
-  // CLI11's range checks let NaN through (every comparison with it is false).
-  for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", o.lr},
-                                {"--momentum", o.momentum},
-                                {"--weight-decay", o.weight_decay},
-                                {"--label-smoothing", o.label_smoothing},
-                                {"--delay-ms", o.delay_ms},
-                                {"--timeout", o.timeout_s}}) {
-    if (!std::isfinite(v)) return fail(std::string(name) + " must be a finite number");
-  }
-  if (o.node_rank >= o.nnodes) {
-    return fail("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
-                std::to_string(o.nnodes));
-  }
-  if (o.delay_ms > 0 && o.simulate_slow_rank < 0) return fail("--delay-ms needs --simulate-slow-rank");
-  if (o.simulate_slow_rank >= 0 && o.delay_ms <= 0) return fail("--simulate-slow-rank needs --delay-ms > 0");
-  if (o.checkpoint_every > 0 && o.out.empty()) return fail("--checkpoint-every needs --out");
-  if (!o.resume.empty()) {  // a FIFO or device would block or never end
-    struct stat st {};
-    if (stat(o.resume.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      return fail("--resume " + o.resume + " is not a regular file (a checkpoint.pt from --out)");
-    }
-  }
-
-  Placement p;
+  if (std::string err = FinishSharedOptions(shared, o); !err.empty()) return Fail(err);
+  if (std::string err = CheckOptions(o); !err.empty()) return Fail(err);
   std::string err;
   int rank = -1, world = -1, local = -1;
   const bool has_rank = EnvInt("RANK", 0, 1 << 20, &rank, &err);
   const bool has_world = EnvInt("WORLD_SIZE", 1, 1 << 20, &world, &err) && err.empty();
   const bool has_local = EnvInt("LOCAL_RANK", 0, 1 << 20, &local, &err) && err.empty();
-  if (!err.empty()) return fail(err + " (set by the launcher: torchrun, or ours)");
+  if (!err.empty()) return Fail(err + " (set by the launcher: torchrun, or ours)");
   if (has_rank || has_world || has_local) {
     if (!(has_rank && has_world && has_local)) {
-      return fail("RANK, WORLD_SIZE and LOCAL_RANK must be set together (torchrun sets all three); "
+      return Fail("RANK, WORLD_SIZE and LOCAL_RANK must be set together (torchrun sets all three); "
                   "unset them to let trainer launch its own ranks");
     }
-    if (rank >= world) {
-      return fail("RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(world));
-    }
-    p.rank = rank;
-    p.world = world;
-    p.local_rank = local;
-    p.local_world = o.nproc_per_node;
-    if (EnvInt("LOCAL_WORLD_SIZE", 1, 1 << 20, &p.local_world, &err) && !err.empty()) return fail(err);
-    if (p.local_rank >= p.local_world) {
-      return fail("LOCAL_RANK=" + std::to_string(p.local_rank) + " is not below LOCAL_WORLD_SIZE=" +
-                  std::to_string(p.local_world));
-    }
-    const char* addr = std::getenv("MASTER_ADDR");
-    p.master_addr = addr && *addr ? addr : o.master_addr;
-    p.master_port = o.master_port;
-    if (EnvInt("MASTER_PORT", 1, 65535, &p.master_port, &err) && !err.empty()) return fail(err);
-    const char* job = std::getenv("NL_TRAINER_JOB_ID");
-    const char* run = std::getenv("TORCHELASTIC_RUN_ID");
-    p.job_id = SafeJobId(job && *job ? job
-                         : run && *run ? "torchrun-" + std::string(run) + "-" + std::to_string(p.master_port)
-                                       : "trainer-" + std::to_string(p.master_port));
-    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-    p.agent_store = agent && std::string(agent) == "True";
-    p.launched_by_us = std::getenv("NL_TRAINER_LAUNCHED") != nullptr;
-    p.failure_fd = nl::proc::TakeFailureFd(std::getenv(nl::proc::kFailureFdVariable));
-    if (o.simulate_slow_rank >= world) {
-      return fail("--simulate-slow-rank " + std::to_string(o.simulate_slow_rank) + " is not a rank of " +
-                  std::to_string(world));
-    }
-    if (o.misbind_rank >= world) {
-      return fail("--misbind-rank " + std::to_string(o.misbind_rank) + " is not a rank of " +
-                  std::to_string(world));
-    }
-    return nl::trainer::RunRank(o, p);
+    return RunOneRank(o, rank, world, local);
   }
-
-  const int world_size = o.nproc_per_node * o.nnodes;
-  if (o.simulate_slow_rank >= world_size) {
-    return fail("--simulate-slow-rank " + std::to_string(o.simulate_slow_rank) + " is not a rank of " +
-                std::to_string(world_size));
-  }
-  if (o.misbind_rank >= world_size) {
-    return fail("--misbind-rank " + std::to_string(o.misbind_rank) + " is not a rank of " +
-                std::to_string(world_size));
-  }
-  // Checked once here, so a bad data set, plan or output is one error, not
-  // one per rank; the outputs stay locked until every rank has ended.
-  nl::Result<nl::Manifest> manifest = nl::LoadManifest(o.data);
-  if (!manifest.ok()) return fail("cannot read the shard set: " + manifest.status().ToString());
-  nl::Status st = nl::trainer::CheckData(o, *manifest);
-  if (!st.ok()) return fail("cannot train on " + o.data + ": " + st.ToString());
-  nl::Result<nl::JobPlan> plan = nl::MakeJobPlan(nl::trainer::PlanRequest(o, o.nproc_per_node));
-  if (!plan.ok()) return fail("cannot plan the binding: " + plan.status().ToString());
-  nl::trainer::OutputLock lock;
-  if (o.node_rank == 0) {  // rank 0, which writes them, runs on node 0
-    st = nl::trainer::CheckOutputs(o);
-    if (!st.ok()) return fail("cannot write the outputs: " + st.ToString());
-    nl::Result<nl::trainer::OutputLock> l = nl::trainer::LockOutputs(o);
-    if (!l.ok()) return fail(l.status().ToString());
-    lock = std::move(*l);
-  }
-  std::vector<std::string> args(argv, argv + argc);
-  const nl::trainer::LaunchResult r =
-      nl::trainer::Launch(o, args, [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); });
-  if (!r.message.empty()) std::fprintf(stderr, "%s\n", r.message.c_str());
-  return r.exit_code;
+  return Launch(o, std::vector<std::string>(argv, argv + argc));
 }

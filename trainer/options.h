@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "loader/pipeline/transforms.h"
+
 namespace nl::trainer {
 
 struct Options {
@@ -16,7 +18,12 @@ struct Options {
   uint32_t loader_threads = 0;     // 0: the plan's loader cores for the rank
   uint32_t prefetch = 4;           // ring slots / batches in flight
   std::string resize_on = "loader";  // loader or device
-  bool augment = true;               // pad-crop 4 + flip (train split)
+  // The train split's transform: the loader's transform options
+  // (loader/cli/cli_options.h), the train transform by default (pad-crop 4
+  // and flip). `augment` and `image_size` below mirror transform.train and
+  // transform.image_size for the code that reads them (rank.cc).
+  TransformConfig transform;
+  bool augment = true;
   std::string eval_split = "test";
 
   // Launch (ignored when RANK/WORLD_SIZE/LOCAL_RANK are set).
@@ -24,7 +31,8 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
 
-  // Binding (the job plan's flags, as `loader serve` takes them).
+  // Binding (the job plan's flags, as `loader serve` takes them; main.cc
+  // parses them with AddPlanOptions into a JobPlanRequest, then here).
   std::string gpus, numa_node, cpu_affinity;
   int trainer_cores = 1;
   bool allow_shared_cores = false, ignore_gpus = false, no_bind = false;

@@ -1,27 +1,53 @@
 #include "loader/cli/cli_options.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "base/parse_number.h"
+#include "base/worker_pool.h"
 
 namespace nl {
 
-void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f) {
-  app->add_option("--image-size", c->image_size, "Output side in pixels")->capture_default_str();
-  app->add_option("--resize", f->resize,
-                  "squash (to SxS) or shorter-crop (shorter side S, centre crop)")
-      ->capture_default_str();
-  app->add_flag("--augment", f->augment,
-                "The train transform (random crop, flip) instead of eval (resize only)");
-  app->add_option("--pad-crop", c->pad_crop,
-                  "Train: zero-pad P pixels, then random crop (before resize)");
-  app->add_flag("--random-resized-crop", f->rrc,
-                "Train: torchvision RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3)");
-  app->add_flag("--no-flip", f->no_flip, "Train: no random horizontal flip");
-  app->add_option("--layout", f->layout, "nchw or nhwc")->capture_default_str();
-  app->add_flag("--normalize", c->normalize, "float32 (x/255 - mean) / std instead of uint8");
-  app->add_option("--mean", f->mean, "Normalisation mean, e.g. 0.485,0.456,0.406");
-  app->add_option("--std", f->std, "Normalisation std, e.g. 0.229,0.224,0.225");
+namespace {
+
+void AddAugmentFlag(CLI::App* app, TransformFlags* f) {
+  f->augment_default = f->augment;
+  if (!f->augment) {
+    app->add_flag("--augment", f->augment,
+                  "The train transform (random crop, flip) instead of eval (resize only)");
+    return;
+  }
+  app->add_flag("--augment,!--no-augment", f->augment,
+                "The train transform (the default here; --no-augment: eval, resize only). "
+                "--augment alone: pad-crop " +
+                    std::to_string(f->augment_pad_crop) +
+                    " and random flip; with --random-resized-crop: that crop and flip, no "
+                    "padding unless --pad-crop is given");
+}
+
+}  // namespace
+
+void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f, unsigned sets) {
+  if (sets & kTransformShape) {
+    app->add_option("--image-size", c->image_size, "Output side in pixels")->capture_default_str();
+    app->add_option("--resize", f->resize,
+                    "squash (to SxS) or shorter-crop (shorter side S, centre crop)")
+        ->capture_default_str();
+    AddAugmentFlag(app, f);
+    app->add_option("--pad-crop", f->pad_crop,
+                    "Train: zero-pad P pixels, then random crop (before resize)")
+        ->each([f](const std::string&) { f->pad_crop_given = true; });
+    app->add_flag("--random-resized-crop", f->rrc,
+                  "Train: torchvision RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3)");
+    app->add_flag("--no-flip", f->no_flip, "Train: no random horizontal flip");
+  }
+  if (sets & kTransformOutput) {
+    app->add_option("--layout", f->layout, "nchw or nhwc")->capture_default_str();
+    app->add_flag("--normalize", c->normalize, "float32 (x/255 - mean) / std instead of uint8");
+    app->add_option("--mean", f->mean, "Normalisation mean, e.g. 0.485,0.456,0.406");
+    app->add_option("--std", f->std, "Normalisation std, e.g. 0.229,0.224,0.225");
+  }
 }
 
 namespace {
@@ -35,23 +61,33 @@ Status ParseTriple(const std::string& s, const char* what, std::array<float, 3>*
   for (int i = 0; i < 3; ++i) (*out)[i] = static_cast<float>(v[i]);
   return Status::Ok();
 }
+
+Status FinishTrainTransform(const TransformFlags& f, TransformConfig* c) {
+  c->train = f.augment;
+  c->random_resized_crop = f.rrc;
+  c->flip = !f.no_flip;
+  c->pad_crop = f.pad_crop_given ? f.pad_crop : (f.augment && !f.rrc ? f.augment_pad_crop : 0);
+  if (!f.augment && (f.pad_crop_given || f.rrc || f.no_flip)) {
+    return Status::InvalidArgument(
+        f.augment_default
+            ? "--pad-crop, --random-resized-crop and --no-flip shape the train transform, "
+              "which --no-augment turns off (the eval transform, resize only, is used): drop "
+              "one or the other"
+            : "--pad-crop, --random-resized-crop and --no-flip shape the train transform: add "
+              "--augment (without it the eval transform, resize only, is used)");
+  }
+  if (c->pad_crop < 0 || c->pad_crop > 1024)
+    return Status::InvalidArgument("--pad-crop must be 0..1024");
+  return Status::Ok();
+}
 }  // namespace
 
 Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
   NL_ASSIGN_OR_RETURN(c->resize, ParseResizeMode(f.resize));
   NL_ASSIGN_OR_RETURN(c->layout, ParseLayout(f.layout));
-  c->train = f.augment;
-  c->random_resized_crop = f.rrc;
-  c->flip = !f.no_flip;
-  if (!f.augment && (c->pad_crop != 0 || f.rrc || f.no_flip)) {
-    return Status::InvalidArgument(
-        "--pad-crop, --random-resized-crop and --no-flip shape the train transform: add "
-        "--augment (without it the eval transform, resize only, is used)");
-  }
+  NL_RETURN_IF_ERROR(FinishTrainTransform(f, c));
   if (c->image_size < 1 || c->image_size > 8192)
     return Status::InvalidArgument("--image-size must be 1..8192");
-  if (c->pad_crop < 0 || c->pad_crop > 1024)
-    return Status::InvalidArgument("--pad-crop must be 0..1024");
   if (!c->normalize && (!f.mean.empty() || !f.std.empty())) {
     return Status::InvalidArgument("--mean and --std apply to --normalize: add it");
   }
@@ -94,5 +130,55 @@ Status FinishPipelineOptions(const PipelineFlags& f, PipelineConfig* c) {
   if (c->batch_size == 0) return Status::InvalidArgument("--batch-size must be at least 1");
   return Status::Ok();
 }
+
+void AddPlanOptions(CLI::App* app, JobPlanRequest* rq, unsigned sets) {
+  if (sets & kPlanTopology) {
+    app->add_option("--topology", rq->topology_file,
+                    "Plan for the machine an hwloc XML file describes instead of this one "
+                    "(binding then reports not_supported)");
+  }
+  if (sets & kPlanPlacement) {
+    app->add_option("--gpus", rq->gpus,
+                    "GPU index of each local rank, e.g. 0,2 (default: rank i uses GPU i)");
+    app->add_option("--numa-node", rq->numa_node,
+                    "NUMA node of each local rank (or one for all), e.g. 0,0,1,1");
+    app->add_option("--cpu-affinity", rq->cpu_affinity,
+                    "One cpu list per local rank: \"0-9,44-53;10-21,54-65\"");
+    app->add_option("--trainer-cores", rq->trainer_cores, "Cores reserved for each trainer rank")
+        ->check(CLI::Range(1, kMaxCpuIndex))
+        ->capture_default_str();
+  }
+  if (sets & kPlanFallbacks) {
+    app->add_flag("--allow-shared-cores", rq->allow_shared_cores,
+                  "Let ranks share cores when a node has too few");
+    app->add_flag("--ignore-gpus", rq->ignore_gpus,
+                  "Plan as if no GPU were visible (ranks round-robin over NUMA nodes)");
+  }
+  if (sets & kPlanNoBind) app->add_flag("--no-bind", rq->no_bind, "Bind nothing");
+}
+
+std::string FormatNumber(double v) {
+  char buf[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string FormatNumber(float v) {
+  char buf[40];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string ResizeModeName(ResizeMode m) {
+  return m == ResizeMode::kShorterCrop ? "shorter-crop" : "squash";
+}
+std::string LayoutName(Layout l) { return l == Layout::kNHWC ? "nhwc" : "nchw"; }
+std::string OnBadRecordName(OnBadRecord o) { return o == OnBadRecord::kSkip ? "skip" : "error"; }
 
 }  // namespace nl

@@ -153,11 +153,12 @@ nl::Result<std::vector<uint64_t>> PreviewIndices(const PreviewArgs& a, uint64_t 
   if (a.grid.empty()) {
     return nl::Status::InvalidArgument("give --indices, or --grid for a whole batch");
   }
-  nl::SamplerConfig sc;
-  sc.dataset_size = split_size;
-  sc.seed = a.seed;
-  sc.batch_size = a.batch_size;
-  NL_ASSIGN_OR_RETURN(nl::DistributedSampler sampler, nl::DistributedSampler::Create(sc));
+  nl::PipelineConfig pc;  // one rank, shuffled, every batch kept: as a loader's defaults
+  pc.world = 1;
+  pc.seed = a.seed;
+  pc.batch_size = a.batch_size;
+  NL_ASSIGN_OR_RETURN(nl::DistributedSampler sampler,
+                      nl::DistributedSampler::Create(nl::SamplerConfigFor(pc, split_size)));
   if (a.batch >= sampler.batches_per_epoch()) {
     return nl::Status::InvalidArgument("--batch " + std::to_string(a.batch) + " is past the " +
                                        std::to_string(sampler.batches_per_epoch()) +
@@ -268,64 +269,59 @@ nl::Status Preview(PreviewArgs a) {
   return nl::Status::Ok();
 }
 
+CLI::App* AddTopo(CLI::App* app, TopoArgs* t) {
+  auto* topo = app->add_subcommand("topo", "Show the GPU/NUMA/CPU map and the binding plan");
+  topo->add_option("--nproc-per-node", t->rq.nproc,
+                   "Local ranks, 1.." + std::to_string(nl::kMaxLocalRanks) +
+                       " (default: one per visible GPU, at least 1)")
+      ->check(CLI::Range(1, nl::kMaxLocalRanks));
+  nl::AddPlanOptions(topo, &t->rq,
+                     nl::kPlanTopology | nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
+  topo->add_flag("--json", t->json, "Print the map and plan as one JSON object");
+  return topo;
+}
+
+CLI::App* AddPreview(CLI::App* app, PreviewArgs* pv) {
+  auto* preview = app->add_subcommand(
+      "preview", "Write processed samples as PNG: exactly the pixels the model sees");
+  preview->add_option("--data", pv->data, "Shard set directory")->required();
+  preview->add_option("--split", pv->split, "Split")->capture_default_str();
+  preview->add_option("--indices", pv->indices, "Sample indices, e.g. 0,5,9");
+  preview->add_option("--out", pv->out, "Directory for <index>.png");
+  preview->add_option("--grid", pv->grid,
+                      "Also write a contact sheet (without --indices: a whole batch)");
+  preview->add_option("--batch", pv->batch, "With --grid and no --indices: which batch of the epoch")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  preview->add_option("--batch-size", pv->batch_size, "With --grid and no --indices: its size")
+      ->check(CLI::Range(1u, kMaxPreviewSamples))
+      ->capture_default_str();
+  preview->add_option("--epoch", pv->epoch, "Epoch (augmentation and batch order depend on it)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  preview->add_option("--seed", pv->seed, "Seed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  nl::AddTransformOptions(preview, &pv->transform, &pv->flags);
+  return preview;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"loader: NUMA-aware image loading"};
   app.require_subcommand(1);
   TopoArgs t;
-  auto* topo = app.add_subcommand("topo", "Show the GPU/NUMA/CPU map and the binding plan");
-  topo->add_option("--topology", t.rq.topology_file, "An hwloc XML file instead of this machine");
-  topo->add_option("--nproc-per-node", t.rq.nproc,
-                   "Local ranks, 1.." + std::to_string(nl::kMaxLocalRanks) +
-                       " (default: one per visible GPU, at least 1)")
-      ->check(CLI::Range(1, nl::kMaxLocalRanks));
-  topo->add_option("--gpus", t.rq.gpus,
-                   "GPU index of each local rank, e.g. 0,2 (default: rank i uses GPU i)");
-  topo->add_option("--trainer-cores", t.rq.trainer_cores, "Cores reserved for each trainer rank")
-      ->check(CLI::Range(1, nl::kMaxCpuIndex))
-      ->capture_default_str();
-  topo->add_option("--cpu-affinity", t.rq.cpu_affinity,
-                   "One cpu list per local rank: \"0-9,44-53;10-21,54-65\"");
-  topo->add_option("--numa-node", t.rq.numa_node,
-                   "NUMA node of each local rank (or one for all), e.g. 0,0,1,1");
-  topo->add_flag("--allow-shared-cores", t.rq.allow_shared_cores,
-                 "Let ranks share cores when a node has too few");
-  topo->add_flag("--ignore-gpus", t.rq.ignore_gpus,
-                 "Plan as if no GPU were visible (ranks round-robin over NUMA nodes)");
-  topo->add_flag("--no-bind", t.rq.no_bind, "A plan that binds nothing");
-  topo->add_flag("--json", t.json, "Print the map and plan as one JSON object");
-
+  auto* topo = AddTopo(&app, &t);
   PreviewArgs pv;
-  auto* preview = app.add_subcommand(
-      "preview", "Write processed samples as PNG: exactly the pixels the model sees");
-  preview->add_option("--data", pv.data, "Shard set directory")->required();
-  preview->add_option("--split", pv.split, "Split")->capture_default_str();
-  preview->add_option("--indices", pv.indices, "Sample indices, e.g. 0,5,9");
-  preview->add_option("--out", pv.out, "Directory for <index>.png");
-  preview->add_option("--grid", pv.grid,
-                      "Also write a contact sheet (without --indices: a whole batch)");
-  preview->add_option("--batch", pv.batch, "With --grid and no --indices: which batch of the epoch")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  preview->add_option("--batch-size", pv.batch_size, "With --grid and no --indices: its size")
-      ->check(CLI::Range(1u, kMaxPreviewSamples))
-      ->capture_default_str();
-  preview->add_option("--epoch", pv.epoch, "Epoch (augmentation and batch order depend on it)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  preview->add_option("--seed", pv.seed, "Seed")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  nl::AddTransformOptions(preview, &pv.transform, &pv.flags);
-
-  nl::ServeArgs serve_args;
-  auto* serve = nl::AddServe(&app, &serve_args);
+  auto* preview = AddPreview(&app, &pv);
+  nl::ServeFlags serve_flags;
+  auto* serve = nl::AddServe(&app, &serve_flags);
   nl::ConsumeArgs consume_args;
   auto* consume = nl::AddConsume(&app, &consume_args);
   CLI11_PARSE(app, argc, argv);
   if (topo->parsed()) return Topo(t);
-  if (serve->parsed()) return nl::RunServe(serve_args);
+  if (serve->parsed()) return nl::RunServe(serve_flags);
   if (consume->parsed()) return nl::RunConsume(consume_args);
   if (preview->parsed()) {
     const nl::Status st = Preview(pv);

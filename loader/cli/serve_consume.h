@@ -5,22 +5,13 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "loader/cli/cli_options.h"
-#include "loader/plan/job_plan.h"
-#include "loader/ring/service.h"
+#include "loader/cli/serve_options.h"
 
 namespace nl {
 
-struct ServeArgs {
-  ServiceConfig service;
-  PipelineFlags pflags;
-  TransformFlags tflags;
-  JobPlanRequest plan;
-  std::string rank, world, local_rank, local_world;  // flag texts (default: torchrun's variables)
-  uint32_t threads = 0;                              // 0: the plan's loader cores
-};
-CLI::App* AddServe(CLI::App* app, ServeArgs* a);
-int RunServe(ServeArgs& a);
+// Its options: AddServeOptions (serve_options.h).
+CLI::App* AddServe(CLI::App* app, ServeFlags* flags);
+int RunServe(const ServeFlags& flags);
 
 struct ConsumeArgs {
   std::string job_id, rank, dump;

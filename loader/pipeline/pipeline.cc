@@ -297,16 +297,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   NL_RETURN_IF_ERROR(CheckCounts(config));
   NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
   NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
-  SamplerConfig sc;
-  sc.dataset_size = m.reader->size();
-  sc.rank = config.rank;
-  sc.world = config.world;
-  sc.seed = config.seed;
-  sc.shuffle = config.shuffle;
-  sc.drop_last = config.drop_last;
-  sc.batch_size = config.batch_size;
-  sc.drop_last_batch = config.drop_last_batch;
-  NL_ASSIGN_OR_RETURN(DistributedSampler sampler, DistributedSampler::Create(sc));
+  NL_ASSIGN_OR_RETURN(DistributedSampler sampler,
+                      DistributedSampler::Create(SamplerConfigFor(config, m.reader->size())));
   m.sampler.emplace(sampler);
   m.bpe = sampler.batches_per_epoch();
   if (config.start_batch >= m.bpe) {

@@ -133,6 +133,23 @@ struct PipelineConfig {
   const BufferSource* buffers = nullptr;
 };
 
+// The sampler a pipeline with this config uses, over a split of
+// `dataset_size` samples: the one place a SamplerConfig is made from a
+// PipelineConfig (the pipeline, the service, preview, the trainer's batch
+// count: BatchesPerEpoch(SamplerConfigFor(c, n))).
+inline SamplerConfig SamplerConfigFor(const PipelineConfig& c, uint64_t dataset_size) {
+  SamplerConfig s;
+  s.dataset_size = dataset_size;
+  s.rank = c.rank;
+  s.world = c.world;
+  s.seed = c.seed;
+  s.shuffle = c.shuffle;
+  s.drop_last = c.drop_last;
+  s.batch_size = c.batch_size;
+  s.drop_last_batch = c.drop_last_batch;
+  return s;
+}
+
 struct BatchView {
   uint64_t sequence = 0;  // 0, 1, ... over the run
   uint64_t epoch = 0, batch = 0;

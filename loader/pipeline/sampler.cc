@@ -6,6 +6,19 @@
 
 namespace nl {
 
+uint64_t SamplesPerRank(const SamplerConfig& c) {
+  if (c.world < 1) return 0;
+  const uint64_t n = c.dataset_size, w = static_cast<uint64_t>(c.world);
+  // As torch: ceil(N / W) with padding; floor(N / W) when dropping the tail.
+  return c.drop_last ? n / w : n / w + (n % w != 0 ? 1 : 0);
+}
+
+uint64_t BatchesPerEpoch(const SamplerConfig& c) {
+  if (c.batch_size == 0) return 0;
+  const uint64_t per_rank = SamplesPerRank(c);
+  return per_rank / c.batch_size + (!c.drop_last_batch && per_rank % c.batch_size != 0 ? 1 : 0);
+}
+
 Result<DistributedSampler> DistributedSampler::Create(const SamplerConfig& c) {
   if (c.world < 1 || c.rank < 0 || c.rank >= c.world) {
     return Status::InvalidArgument("rank " + std::to_string(c.rank) + " is not in a world of " +
@@ -20,10 +33,8 @@ Result<DistributedSampler> DistributedSampler::Create(const SamplerConfig& c) {
   }
   DistributedSampler s;
   s.c_ = c;
-  // As torch: ceil(N / W) with padding; floor(N / W) when dropping the tail.
-  s.per_rank_ = c.drop_last ? n / w : (n + w - 1) / w;
-  s.batches_ = c.drop_last_batch ? s.per_rank_ / c.batch_size
-                                 : (s.per_rank_ + c.batch_size - 1) / c.batch_size;
+  s.per_rank_ = SamplesPerRank(c);
+  s.batches_ = BatchesPerEpoch(c);
   if (s.batches_ == 0) {
     return Status::InvalidArgument("each rank has " + std::to_string(s.per_rank_) +
                                    " samples, fewer than one batch of " +

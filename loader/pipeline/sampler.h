@@ -33,6 +33,14 @@ struct SamplerConfig {
   bool drop_last_batch = false;  // drop this rank's last partial batch
 };
 
+// The sampler's arithmetic, as torch's DistributedSampler: samples per rank
+// ceil(N / W), or floor(N / W) with drop_last; batches per epoch
+// ceil(per_rank / B), or floor with drop_last_batch. Every rank has the same
+// numbers. 0 for a world or batch size of 0 (Create refuses those, and a
+// config with no batch).
+uint64_t SamplesPerRank(const SamplerConfig& c);
+uint64_t BatchesPerEpoch(const SamplerConfig& c);
+
 class DistributedSampler {
  public:
   static Result<DistributedSampler> Create(const SamplerConfig& c);
