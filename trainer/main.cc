@@ -148,29 +148,11 @@ void AddOptions(CLI::App& app, Options& o, SharedOptions& shared) {
   AddDiagnosticOptions(app, o);
 }
 
-// The rank hands its loader the train transform as --augment alone always
-// did (pad-crop 4 and flip) or none (--no-augment); until it passes
-// Options::transform whole, the other choices are refused, not dropped.
-std::string TransformTheRankCannotPass(const nl::TransformConfig& t) {
-  if (t.resize != nl::ResizeMode::kSquash) return "--resize " + nl::ResizeModeName(t.resize);
-  if (!t.train) return "";
-  if (t.random_resized_crop) return "--random-resized-crop";
-  if (!t.flip) return "--no-flip";
-  if (t.pad_crop != 4) return "--pad-crop " + std::to_string(t.pad_crop);
-  return "";
-}
-
 // The shared options, checked, into Options ("" or the error).
 std::string FinishSharedOptions(const SharedOptions& shared, Options& o) {
   if (nl::Status st = nl::FinishTransformOptions(shared.transform, &o.transform); !st.ok()) {
     return st.message();
   }
-  if (const std::string x = TransformTheRankCannotPass(o.transform); !x.empty()) {
-    return x + ": the trainer's ranks do not pass this transform to their loader yet (they take "
-               "the default, pad-crop 4 and flip, or --no-augment)";
-  }
-  o.augment = o.transform.train;
-  o.image_size = o.transform.image_size;
   const nl::JobPlanRequest& p = shared.plan;
   o.gpus = p.gpus;
   o.numa_node = p.numa_node;

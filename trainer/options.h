@@ -10,6 +10,15 @@
 
 namespace nl::trainer {
 
+// The trainer's transform unless told otherwise: the train transform,
+// pad-crop 4 and flip (as `--augment` alone).
+inline TransformConfig TrainerDefaultTransform() {
+  TransformConfig t;
+  t.train = true;
+  t.pad_crop = 4;
+  return t;
+}
+
 struct Options {
   // Data and loader.
   std::string data;
@@ -20,10 +29,8 @@ struct Options {
   std::string resize_on = "loader";  // loader or device
   // The train split's transform: the loader's transform options
   // (loader/cli/cli_options.h), the train transform by default (pad-crop 4
-  // and flip). `augment` and `image_size` below mirror transform.train and
-  // transform.image_size for the code that reads them (rank.cc).
-  TransformConfig transform;
-  bool augment = true;
+  // and flip); transform.image_size is the model's input size.
+  TransformConfig transform = TrainerDefaultTransform();
   std::string eval_split = "test";
 
   // Launch (ignored when RANK/WORLD_SIZE/LOCAL_RANK are set).
@@ -44,7 +51,6 @@ struct Options {
   uint32_t batch_size = 64;  // per rank
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0;
   int64_t warmup_steps = -1;  // -1: a tenth of the run's steps, at most 500
-  int image_size = 224;
   int64_t max_steps = 0;  // 0: whole epochs
   uint64_t seed = 0;
   std::string out;  // checkpoints, metrics and charts

@@ -255,8 +255,8 @@ void Rank::Plan() {
 }
 
 void Rank::ChooseDevice() {
-  g_.model_size = o_.image_size;
-  g_.ring_size = o_.image_size;
+  g_.model_size = o_.transform.image_size;
+  g_.ring_size = o_.transform.image_size;
   if (o_.resize_on == "device") g_.ring_size = static_cast<int>((*manifest_.FindSplit("train")->shape)[0]);
 #if NL_TRAINER_CUDA
   cuda_ = o_.device != "cpu" && torch::cuda::is_available() && mine_.gpu >= 0;
@@ -330,22 +330,16 @@ PipelineConfig Rank::InprocessConfig(const std::string& split) const {
 
 void Rank::StartLoader(uint64_t start_epoch, uint64_t start_batch) {
   const bool delay = o_.simulate_slow_rank == p_.rank && o_.delay_ms > 0;
+  PipelineConfig c = TrainPipeline(o_, p_, start_epoch, start_batch, g_.ring_size);
   if (o_.loader == "inprocess") {
-    PipelineConfig c = InprocessConfig("train");
-    c.prefetch = o_.prefetch;
-    c.seed = o_.seed;
-    c.start_epoch = start_epoch;
-    c.start_batch = start_batch;
-    c.epochs = static_cast<uint64_t>(o_.epochs) - start_epoch;
-    c.transform.train = o_.augment;
-    c.transform.pad_crop = o_.augment ? 4 : 0;
-    c.transform.seed = o_.seed;
+    const PipelineConfig own = InprocessConfig("train");
+    c.threads = own.threads;
+    c.thread_start = own.thread_start;
     source_ = std::make_unique<InprocessSource>(c, g_, delay ? o_.delay_ms : 0);
     return;
   }
-  const std::vector<std::string> args =
-      ServeArgs(o_, p_, LoaderBinary(o_), start_epoch, start_batch, g_.ring_size, delay);
-  source_ = std::make_unique<ServiceSource>(args, p_.job_id, p_.rank, o_.timeout_s, g_, o_.timeout_s,
+  source_ = std::make_unique<ServiceSource>(ServeArgs(o_, p_, LoaderBinary(o_), c, delay), p_.job_id, p_.rank,
+                                            o_.timeout_s, g_, o_.timeout_s,
                                             have_process_cpus_ ? &process_cpus_ : nullptr);
 }
 

@@ -1,5 +1,8 @@
 #include "trainer/schedule.h"
 
+#include "loader/pipeline/sampler.h"
+#include "trainer/serve_args.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -7,9 +10,10 @@ namespace nl::trainer {
 
 Schedule MakeSchedule(const Options& o, uint64_t train_samples, int world) {
   Schedule s;
-  const uint64_t w = static_cast<uint64_t>(world);
-  const uint64_t per_rank = (train_samples + w - 1) / w;
-  s.batches_per_epoch = (per_rank + o.batch_size - 1) / o.batch_size;
+  Placement p;
+  p.world = world;
+  const PipelineConfig train = TrainPipeline(o, p, 0, 0, o.transform.image_size);
+  s.batches_per_epoch = BatchesPerEpoch(SamplerConfigFor(train, train_samples));
   s.schedule_steps = o.epochs * static_cast<int64_t>(s.batches_per_epoch);
   s.total_steps = o.max_steps > 0 ? std::min<int64_t>(o.max_steps, s.schedule_steps) : s.schedule_steps;
   s.warmup = o.warmup_steps >= 0 ? o.warmup_steps : std::min<int64_t>(500, s.schedule_steps / 10);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "loader/cli/serve_options.h"
+#include "trainer/preflight.h"
 #include "trainer/proc_info.h"
 #include "trainer/rank_error.h"
 
@@ -15,48 +17,37 @@ std::string LoaderBinary(const Options& o) {
   return bin;
 }
 
+PipelineConfig TrainPipeline(const Options& o, const Placement& p, uint64_t start_epoch,
+                             uint64_t start_batch, int ring_size) {
+  PipelineConfig c;
+  c.data_dir = o.data;
+  c.split = "train";
+  c.rank = p.rank;
+  c.world = p.world;
+  c.batch_size = o.batch_size;
+  c.prefetch = o.prefetch;
+  c.seed = o.seed;
+  c.start_epoch = start_epoch;
+  c.start_batch = start_batch;
+  c.epochs = static_cast<uint64_t>(o.epochs) - start_epoch;
+  c.transform = o.transform;
+  c.transform.image_size = ring_size;
+  c.transform.seed = o.seed;
+  return c;
+}
+
 std::vector<std::string> ServeArgs(const Options& o, const Placement& p, const std::string& bin,
-                                   uint64_t start_epoch, uint64_t start_batch, int ring_size,
-                                   bool delay) {
-  std::vector<std::string> a = {bin, "serve", "--data", o.data, "--split", "train",
-                                "--batch-size", std::to_string(o.batch_size),
-                                "--prefetch", std::to_string(o.prefetch),
-                                "--seed", std::to_string(o.seed),
-                                "--job-id", p.job_id,
-                                "--rank", std::to_string(p.rank),
-                                "--world-size", std::to_string(p.world),
-                                "--local-rank", std::to_string(p.local_rank),
-                                "--local-world-size", std::to_string(p.local_world),
-                                "--epochs", std::to_string(o.epochs - static_cast<int>(start_epoch)),
-                                "--start-epoch", std::to_string(start_epoch),
-                                "--start-batch", std::to_string(start_batch),
-                                "--image-size", std::to_string(ring_size),
-                                "--trainer-cores", std::to_string(o.trainer_cores),
-                                "--attach-timeout", "120"};
-  if (o.augment) {
-    for (const char* x : {"--augment", "--pad-crop", "4"}) a.push_back(x);
-  }
-  if (o.loader_threads) {
-    a.push_back("--threads");
-    a.push_back(std::to_string(o.loader_threads));
-  }
-  auto flag = [&](const char* name, const std::string& v) {
-    if (!v.empty()) {
-      a.push_back(name);
-      a.push_back(v);
-    }
-  };
-  flag("--gpus", o.gpus);
-  flag("--numa-node", o.numa_node);
-  flag("--cpu-affinity", o.cpu_affinity);
-  if (o.allow_shared_cores) a.push_back("--allow-shared-cores");
-  if (o.ignore_gpus) a.push_back("--ignore-gpus");
-  if (o.no_bind) a.push_back("--no-bind");
-  if (delay) {
-    a.push_back("--simulate-delay-ms");
-    a.push_back(std::to_string(o.delay_ms));
-  }
-  return a;
+                                   const PipelineConfig& train, bool delay) {
+  ServeRequest r;
+  r.service.pipeline = train;
+  r.service.job_id = p.job_id;
+  r.service.attach_timeout_s = 120;
+  r.service.delay_per_batch_ms = delay ? o.delay_ms : 0;
+  r.local_rank = p.local_rank;
+  r.local_world = p.local_world;
+  r.threads = o.loader_threads;
+  r.plan = PlanRequest(o, p.local_world);
+  return ServeArgv(bin, r);
 }
 
 }  // namespace nl::trainer

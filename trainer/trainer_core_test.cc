@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file_util.h"
+#include "loader/pipeline/sampler.h"
 #include "trainer/binding_json.h"
 #include "trainer/diagnostics.h"
 #include "trainer/outputs.h"
@@ -388,6 +389,18 @@ TEST(TrainerOutputs, RemovesOnlyItsOwnStaleTemporaries) {
   (void)RemoveAll(dir);
 }
 
+// The argv value after `flag` (the flag must be there once).
+std::string ArgAfter(const std::vector<std::string>& a, const std::string& flag) {
+  const auto it = std::find(a.begin(), a.end(), flag);
+  EXPECT_NE(it, a.end()) << flag << " missing";
+  EXPECT_EQ(std::count(a.begin(), a.end(), flag), 1) << flag;
+  return it == a.end() || it + 1 == a.end() ? "" : *(it + 1);
+}
+
+bool Has(const std::vector<std::string>& a, const std::string& flag) {
+  return std::find(a.begin(), a.end(), flag) != a.end();
+}
+
 TEST(TrainerServeArgs, PassesTheRanksOptions) {
   Options o;
   o.data = "/d";
@@ -407,23 +420,51 @@ TEST(TrainerServeArgs, PassesTheRanksOptions) {
   p.world = 4;
   p.local_rank = 1;
   p.local_world = 2;
-  EXPECT_EQ(ServeArgs(o, p, "/bin/loader", 1, 7, 32, true),
-            (std::vector<std::string>{"/bin/loader", "serve", "--data", "/d", "--split", "train", "--batch-size",
-                                      "16", "--prefetch", "3", "--seed", "5", "--job-id", "trainer-1-x", "--rank",
-                                      "3", "--world-size", "4", "--local-rank", "1", "--local-world-size", "2",
-                                      "--epochs", "3", "--start-epoch", "1", "--start-batch", "7", "--image-size",
-                                      "32", "--trainer-cores", "2", "--attach-timeout", "120", "--augment",
-                                      "--pad-crop", "4", "--threads", "6", "--numa-node", "1,0",
-                                      "--allow-shared-cores", "--no-bind", "--simulate-delay-ms", "150.000000"}));
-  o.augment = false;
-  o.loader_threads = 0;
-  o.numa_node.clear();
-  o.allow_shared_cores = o.no_bind = false;
+  const std::vector<std::string> a = ServeArgs(o, p, "/bin/loader", TrainPipeline(o, p, 1, 7, 32), true);
+  ASSERT_GE(a.size(), 2u);
+  EXPECT_EQ(a[0], "/bin/loader");
+  EXPECT_EQ(a[1], "serve");
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--data", "/d"}, {"--split", "train"}, {"--batch-size", "16"}, {"--prefetch", "3"},
+           {"--seed", "5"}, {"--job-id", "trainer-1-x"}, {"--rank", "3"}, {"--world-size", "4"},
+           {"--local-rank", "1"}, {"--local-world-size", "2"}, {"--epochs", "3"}, {"--start-epoch", "1"},
+           {"--start-batch", "7"}, {"--image-size", "32"}, {"--trainer-cores", "2"},
+           {"--attach-timeout", "120"}, {"--pad-crop", "4"}, {"--threads", "6"}, {"--numa-node", "1,0"},
+           {"--simulate-delay-ms", "150"}}) {
+    EXPECT_EQ(ArgAfter(a, flag), value) << flag;
+  }
+  EXPECT_TRUE(Has(a, "--augment"));
+  EXPECT_TRUE(Has(a, "--allow-shared-cores"));
+  EXPECT_TRUE(Has(a, "--no-bind"));
+  EXPECT_FALSE(Has(a, "--random-resized-crop"));
+  EXPECT_FALSE(Has(a, "--no-flip"));
+  // The transform the trainer was given is the one its loader runs.
+  o.transform.pad_crop = 0;
+  o.transform.random_resized_crop = true;
+  o.transform.flip = false;
+  o.delay_ms = 0;
+  const std::vector<std::string> rrc = ServeArgs(o, p, "/bin/loader", TrainPipeline(o, p, 0, 0, 224), false);
+  EXPECT_TRUE(Has(rrc, "--random-resized-crop"));
+  EXPECT_TRUE(Has(rrc, "--no-flip"));
+  EXPECT_FALSE(Has(rrc, "--simulate-delay-ms"));
+  o.transform.train = false;
   o.gpus = "0,1";
   o.ignore_gpus = true;
-  const std::vector<std::string> a = ServeArgs(o, p, "/bin/loader", 0, 0, 224, false);
-  EXPECT_EQ(std::vector<std::string>(a.end() - 5, a.end()),
-            (std::vector<std::string>{"--attach-timeout", "120", "--gpus", "0,1", "--ignore-gpus"}));
+  const std::vector<std::string> eval = ServeArgs(o, p, "/bin/loader", TrainPipeline(o, p, 0, 0, 224), false);
+  EXPECT_FALSE(Has(eval, "--augment"));
+  EXPECT_EQ(ArgAfter(eval, "--gpus"), "0,1");
+  EXPECT_TRUE(Has(eval, "--ignore-gpus"));
+}
+
+TEST(TrainerSchedule, BatchesAnEpochAreTheSamplersCount) {
+  Options o;
+  o.batch_size = 8;
+  Placement p;
+  p.world = 3;
+  // 100 samples over 3 ranks: padded to 102, 34 a rank, 5 batches (the last partial).
+  EXPECT_EQ(MakeSchedule(o, 100, 3).batches_per_epoch,
+            BatchesPerEpoch(SamplerConfigFor(TrainPipeline(o, p, 0, 0, 224), 100)));
+  EXPECT_EQ(MakeSchedule(o, 100, 3).batches_per_epoch, 5u);
 }
 
 TEST(TrainerServeArgs, RefusesALoaderThatIsNotExecutable) {
