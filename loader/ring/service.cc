@@ -166,7 +166,11 @@ class Service {
     Status st = WaitForConsumer();
     if (!st.ok()) return StoppedBeforeAttach(st);
     st = StartFreer();
-    if (st.ok()) st = Serve();
+    if (st.ok()) {
+      st = Serve();
+    } else {
+      Fail(st);
+    }
     const Status threads = StopThreads();
     report_->seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return Outcome(st, threads);
