@@ -49,6 +49,7 @@ ServiceConfig Config(const std::string& data, const std::string& job) {
   c.pipeline.threads = 1;
   c.pipeline.prefetch = 2;
   c.pipeline.seed = 3;
+  c.pipeline.epochs = 0;  // until stopped
   c.pipeline.transform.image_size = 8;
   c.log = [](const std::string&) {};
   return c;
@@ -154,9 +155,10 @@ TEST(ServiceThreads, AFailureInTheSocketWatcherStopsTheServiceAndComesBack) {
             std::string::npos)
       << second.status().ToString();
 
-  // The first consumer gets what was published, then the reason.
+  // The first consumer gets what was published, then the reason (the
+  // stream has no end: a service that went on would serve all 1000).
   Status ended;
-  while (ended.ok()) {
+  for (int i = 0; i < 1000 && ended.ok(); ++i) {
     Result<RingBatch> b = (*c)->Next(60.0);
     if (b.ok()) {
       ASSERT_TRUE((*c)->Release(*b).ok());
@@ -164,6 +166,7 @@ TEST(ServiceThreads, AFailureInTheSocketWatcherStopsTheServiceAndComesBack) {
       ended = b.status();
     }
   }
+  c->reset();  // a service that went on serving ends once its consumer is gone
   EXPECT_EQ(ended.code(), StatusCode::kUnavailable) << ended.ToString();
   EXPECT_EQ(ended.message(),
             Who(cfg) + " failed: Internal error: socket watcher: exception: the log is full");
