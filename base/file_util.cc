@@ -10,6 +10,9 @@
 #include <chrono>
 #include <filesystem>
 #include <thread>
+#include <utility>
+
+#include "base/fd.h"
 
 namespace nl {
 
@@ -30,21 +33,15 @@ const char* FileKind(mode_t mode) {
 
 Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out, uint64_t max_bytes) {
   // O_NONBLOCK: opening a FIFO for reading would wait for a writer forever.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) return Status::FromErrno("cannot open " + path, errno);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Status::FromErrno("cannot stat " + path, e);
-  }
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
     return Status::IOError("cannot read " + path + ": it is " + FileKind(st.st_mode) +
                            ", not a regular file");
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
     return Status::IOError("cannot read " + path + ": it is " + std::to_string(st.st_size) +
                            " bytes, more than the " + std::to_string(max_bytes) +
                            " this reader takes");
@@ -56,18 +53,16 @@ Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out, uint64_t
   // Read what the size says (in one call for a small file: that matters when
   // packing many); a file that shrinks meanwhile gives what it has.
   while (got < size) {
-    ssize_t n = ::read(fd, out->data() + start + got, size - got);
+    ssize_t n = ::read(fd.get(), out->data() + start + got, size - got);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
+      const int e = errno;
       out->resize(start);
       return Status::FromErrno("cannot read " + path, e);
     }
     if (n == 0) break;
     got += static_cast<size_t>(n);
   }
-  ::close(fd);
   out->resize(start + got);
   return Status::Ok();
 }
@@ -84,38 +79,33 @@ Result<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes
 }
 
 Status WriteFile(const std::string& path, const void* data, size_t n) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno("cannot create " + path, errno);
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::FromErrno("cannot create " + path, errno);
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
+    ssize_t w = ::write(fd.get(), p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      return Status::FromErrno("cannot write " + path, e);
+      return Status::FromErrno("cannot write " + path, errno);
     }
     p += w;
     n -= static_cast<size_t>(w);
   }
-  if (::close(fd) != 0) return Status::FromErrno("cannot close " + path, errno);
+  // The close's result matters after a write (NFS reports errors there).
+  if (::close(fd.Release()) != 0) return Status::FromErrno("cannot close " + path, errno);
   return Status::Ok();
 }
 
 Status CreatePrivateFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0600);
-  if (fd < 0) return Status::FromErrno("cannot create " + path, errno);
-  ::close(fd);
+  const Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0600));
+  if (!fd.valid()) return Status::FromErrno("cannot create " + path, errno);
   return Status::Ok();
 }
 
 Status FsyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("cannot open directory " + dir, errno);
-  int rc = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  if (rc != 0) return Status::FromErrno("cannot fsync " + dir, e);
+  const Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno("cannot open directory " + dir, errno);
+  if (::fsync(fd.get()) != 0) return Status::FromErrno("cannot fsync " + dir, errno);
   return Status::Ok();
 }
 
@@ -153,29 +143,29 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
                                    ": it is not a regular file (a device, FIFO, socket or directory)");
   }
   const std::string tmp = TemporaryPath(path);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::FromErrno("cannot create " + tmp, errno);
   // A file replaced keeps its mode (one its owner opened to others stays
   // so); a new one is its user's only.
   struct stat old {};
-  if (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ::fchmod(fd, old.st_mode & 07777);
+  if (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ::fchmod(fd.get(), old.st_mode & 07777);
   const char* p = contents.data();
   size_t n = contents.size();
   while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
+    ssize_t w = ::write(fd.get(), p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) {
-      int e = errno;
-      ::close(fd);
+      const int e = errno;
+      fd.Reset();
       ::unlink(tmp.c_str());
       return Status::FromErrno("cannot write " + path + " (as " + tmp + ")", e);
     }
     p += w;
     n -= static_cast<size_t>(w);
   }
-  const int sync_rc = ::fsync(fd);
+  const int sync_rc = ::fsync(fd.get());
   int flush_err = errno;
-  const int close_rc = ::close(fd);  // closed even when fsync failed
+  const int close_rc = ::close(fd.Release());  // closed even when fsync failed
   if (sync_rc == 0) flush_err = errno;
   if (sync_rc != 0 || close_rc != 0) {
     ::unlink(tmp.c_str());
@@ -251,11 +241,10 @@ bool PathIsWithin(const std::string& inner, const std::string& outer) {
 
 Status FileLock::TryOnce(bool* busy) {
   *busy = false;
-  int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno("cannot open lock file " + path_, errno);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  Fd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::FromErrno("cannot open lock file " + path_, errno);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
-    ::close(fd);
     if (e == EWOULDBLOCK || e == EINTR) {
       *busy = true;
       return Status::Ok();
@@ -266,12 +255,11 @@ Status FileLock::TryOnce(bool* busy) {
   // flock: then we hold a lock no one else will see. Try again.
   struct stat held {};
   struct stat now {};
-  if (::fstat(fd, &held) != 0 || ::stat(path_.c_str(), &now) != 0 || held.st_dev != now.st_dev ||
-      held.st_ino != now.st_ino) {
-    ::close(fd);
+  if (::fstat(fd.get(), &held) != 0 || ::stat(path_.c_str(), &now) != 0 ||
+      held.st_dev != now.st_dev || held.st_ino != now.st_ino) {
     return Status::Ok();  // neither busy nor held: try again
   }
-  fd_ = fd;
+  fd_ = fd.Release();
   return Status::Ok();
 }
 
@@ -317,37 +305,27 @@ FileLock& FileLock::operator=(FileLock&& o) noexcept {
 }
 
 void FileLock::Release() {
-  if (fd_ < 0) return;
+  const Fd held(std::exchange(fd_, -1));  // closed (unlocked) on return
+  if (!held.valid()) return;
   ::unlink(path_.c_str());  // while still locked: see TryOnce
-  ::close(fd_);
-  fd_ = -1;
 }
 
 Result<FileBytes> FileBytes::Map(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: no wait
-  if (fd < 0) return Status::FromErrno("cannot open " + path, errno);
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: no wait
+  if (!fd.valid()) return Status::FromErrno("cannot open " + path, errno);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return Status::FromErrno("cannot stat " + path, e);
-  }
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
     return Status::IOError("cannot read " + path + ": it is " + FileKind(st.st_mode) +
                            ", not a regular file");
   }
   FileBytes b;
   if (st.st_size > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
-                     MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    const int e = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);
+                     MAP_PRIVATE | MAP_POPULATE, fd.get(), 0);
+    if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, errno);
     b.map_ = static_cast<const uint8_t*>(p);
     b.map_size_ = static_cast<size_t>(st.st_size);
-  } else {
-    ::close(fd);
   }
   return b;
 }

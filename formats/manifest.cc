@@ -218,6 +218,116 @@ Result<uint64_t> GetCount(const json& obj, const char* field, const std::string&
   return v.get<uint64_t>();
 }
 
+// The steps of ManifestFromJson. Each sets *field to what it reads before
+// reading it: a type error (an exception from the JSON library, caught by
+// ManifestFromJson) then names the field.
+
+Status ReadFormatVersion(const json& j, const std::string& where, std::string* field) {
+  *field = "format_version";
+  // An integer, compared without conversion: get<int>() of 4.4e27 or of
+  // 2^63 is undefined behaviour (manifest_fuzz found the first).
+  const json& fv = j.at("format_version");
+  const bool supported =
+      fv.is_number_unsigned() ? fv.get<uint64_t>() == static_cast<uint64_t>(kManifestFormatVersion)
+      : fv.is_number_integer() ? fv.get<int64_t>() == kManifestFormatVersion
+                               : false;
+  if (!fv.is_number_integer()) {
+    return Status::Corruption(where + ": manifest format_version must be an integer, not " +
+                              fv.dump());
+  }
+  if (!supported) {
+    return Status::Corruption(where + ": manifest format_version " + fv.dump() +
+                              " is not supported (this build reads " +
+                              std::to_string(kManifestFormatVersion) + ")");
+  }
+  return Status::Ok();
+}
+
+Status ReadSourceAndClasses(const json& j, const std::string& where, std::string* field,
+                            Manifest* m) {
+  *field = "source";
+  const json& src = j.at("source");
+  m->source_kind = src.at("kind").get<std::string>();
+  m->source_path = src.at("path").get<std::string>();
+  m->label_kind = src.value("label_kind", "");
+  *field = "classes";
+  m->classes = j.at("classes").get<std::vector<std::string>>();
+  if (m->classes.empty()) {
+    return Status::Corruption(where +
+                              ": the manifest's class list is empty (labels could not "
+                              "be checked)");
+  }
+  if (m->classes.size() >= UINT32_MAX) {  // labels are 32-bit
+    return Status::Corruption(where + ": the manifest lists " + std::to_string(m->classes.size()) +
+                              " classes, more than 32-bit labels can name");
+  }
+  return Status::Ok();
+}
+
+// A split's shape: null, or [height, width, 3], each side in the record's
+// bounds (1 .. 2^20).
+Status ReadShape(const json& sj, const std::string& at_split, SplitInfo* s) {
+  if (sj.is_null()) return Status::Ok();
+  if (!sj.is_array() || sj.size() != 3) {
+    return Status::Corruption(at_split + " shape " + sj.dump() +
+                              ": must be [height, width, 3] or null");
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (!sj[i].is_number_unsigned() || sj[i].get<uint64_t>() < 1 ||
+        sj[i].get<uint64_t>() > (1u << 20)) {
+      return Status::Corruption(at_split + " shape " + sj.dump() +
+                                ": height and width must be 1 .. 1048576");
+    }
+  }
+  if (!sj[2].is_number_unsigned() || sj[2].get<uint64_t>() != 3) {
+    return Status::Corruption(at_split + " shape " + sj.dump() + ": channels must be 3");
+  }
+  s->shape = sj.get<std::array<uint32_t, 3>>();
+  return Status::Ok();
+}
+
+Status ReadShards(const json& js, const std::string& name, const std::string& at_split,
+                  std::string* field, SplitInfo* s) {
+  *field = "splits." + name + ".shards";
+  const json& shards = js.at("shards");
+  if (!shards.is_array()) {
+    return Status::Corruption(at_split + ": shards must be an array, not " +
+                              std::string(shards.type_name()));
+  }
+  for (const auto& jsh : shards) {
+    ShardInfo sh;
+    const std::string at_shard = at_split + " shard " + std::to_string(s->shards.size());
+    *field = "splits." + name + ".shards[" + std::to_string(s->shards.size()) + "]";
+    sh.path = jsh.at("path").get<std::string>();
+    NL_ASSIGN_OR_RETURN(sh.first_index, GetCount(jsh, "first_index", at_shard));
+    NL_ASSIGN_OR_RETURN(sh.count, GetCount(jsh, "count", at_shard));
+    NL_ASSIGN_OR_RETURN(sh.bytes, GetCount(jsh, "bytes", at_shard));
+    sh.checksum = jsh.at("checksum").get<std::string>();
+    s->shards.push_back(std::move(sh));
+  }
+  return Status::Ok();
+}
+
+Result<SplitInfo> ReadSplit(const std::string& name, const json& js, const std::string& where,
+                            std::string* field) {
+  SplitInfo s;
+  const std::string at_split = where + ": split '" + name + "'";
+  *field = "splits." + name;
+  s.source = js.value("source", "");
+  NL_ASSIGN_OR_RETURN(s.num_samples, GetCount(js, "num_samples", at_split));
+  *field = "splits." + name + ".encoding";
+  s.encoding = js.at("encoding").get<std::string>();
+  *field = "splits." + name + ".shape";
+  NL_RETURN_IF_ERROR(ReadShape(js.at("shape"), at_split, &s));
+  NL_RETURN_IF_ERROR(ReadShards(js, name, at_split, field, &s));
+  *field = "splits." + name + ".skipped";
+  for (const auto& jf : js.value("skipped", json::array())) {
+    s.skipped.push_back({jf.at("path").get<std::string>(), jf.at("reason").get<std::string>()});
+  }
+  NL_RETURN_IF_ERROR(CheckSplit(name, s).WithContext(where));
+  return s;
+}
+
 }  // namespace
 
 Result<Manifest> ManifestFromJson(const std::string& text, const std::string& where) {
@@ -229,40 +339,9 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
       return Status::Corruption(where + ": invalid manifest: it must be a JSON object, not " +
                                 std::string(j.type_name()));
     }
-    field = "format_version";
-    // An integer, compared without conversion: get<int>() of 4.4e27 or of
-    // 2^63 is undefined behaviour (manifest_fuzz found the first).
-    const json& fv = j.at("format_version");
-    const bool supported =
-        fv.is_number_unsigned() ? fv.get<uint64_t>() == static_cast<uint64_t>(kManifestFormatVersion)
-        : fv.is_number_integer() ? fv.get<int64_t>() == kManifestFormatVersion
-                                 : false;
-    if (!fv.is_number_integer()) {
-      return Status::Corruption(where + ": manifest format_version must be an integer, not " +
-                                fv.dump());
-    }
-    if (!supported) {
-      return Status::Corruption(where + ": manifest format_version " + fv.dump() +
-                                " is not supported (this build reads " +
-                                std::to_string(kManifestFormatVersion) + ")");
-    }
+    NL_RETURN_IF_ERROR(ReadFormatVersion(j, where, &field));
     m.format_version = kManifestFormatVersion;
-    field = "source";
-    const json& src = j.at("source");
-    m.source_kind = src.at("kind").get<std::string>();
-    m.source_path = src.at("path").get<std::string>();
-    m.label_kind = src.value("label_kind", "");
-    field = "classes";
-    m.classes = j.at("classes").get<std::vector<std::string>>();
-    if (m.classes.empty()) {
-      return Status::Corruption(where +
-                                ": the manifest's class list is empty (labels could not "
-                                "be checked)");
-    }
-    if (m.classes.size() >= UINT32_MAX) {  // labels are 32-bit
-      return Status::Corruption(where + ": the manifest lists " + std::to_string(m.classes.size()) +
-                                " classes, more than 32-bit labels can name");
-    }
+    NL_RETURN_IF_ERROR(ReadSourceAndClasses(j, where, &field, &m));
     field = "splits";
     const json& splits = j.at("splits");
     if (!splits.is_object()) {
@@ -270,55 +349,7 @@ Result<Manifest> ManifestFromJson(const std::string& text, const std::string& wh
                                 std::string(splits.type_name()));
     }
     for (const auto& [name, js] : splits.items()) {
-      SplitInfo s;
-      const std::string at_split = where + ": split '" + name + "'";
-      field = "splits." + name;
-      s.source = js.value("source", "");
-      NL_ASSIGN_OR_RETURN(s.num_samples, GetCount(js, "num_samples", at_split));
-      field = "splits." + name + ".encoding";
-      s.encoding = js.at("encoding").get<std::string>();
-      field = "splits." + name + ".shape";
-      if (!js.at("shape").is_null()) {
-        const json& sj = js.at("shape");
-        if (!sj.is_array() || sj.size() != 3) {
-          return Status::Corruption(at_split + " shape " + sj.dump() +
-                                    ": must be [height, width, 3] or null");
-        }
-        // [height, width, 3], each side in the record's bounds (1 .. 2^20).
-        for (int i = 0; i < 2; ++i) {
-          if (!sj[i].is_number_unsigned() || sj[i].get<uint64_t>() < 1 ||
-              sj[i].get<uint64_t>() > (1u << 20)) {
-            return Status::Corruption(at_split + " shape " + sj.dump() +
-                                      ": height and width must be 1 .. 1048576");
-          }
-        }
-        if (!sj[2].is_number_unsigned() || sj[2].get<uint64_t>() != 3) {
-          return Status::Corruption(at_split + " shape " + sj.dump() + ": channels must be 3");
-        }
-        s.shape = sj.get<std::array<uint32_t, 3>>();
-      }
-      field = "splits." + name + ".shards";
-      const json& shards = js.at("shards");
-      if (!shards.is_array()) {
-        return Status::Corruption(at_split + ": shards must be an array, not " +
-                                  std::string(shards.type_name()));
-      }
-      for (const auto& jsh : shards) {
-        ShardInfo sh;
-        const std::string at_shard = at_split + " shard " + std::to_string(s.shards.size());
-        field = "splits." + name + ".shards[" + std::to_string(s.shards.size()) + "]";
-        sh.path = jsh.at("path").get<std::string>();
-        NL_ASSIGN_OR_RETURN(sh.first_index, GetCount(jsh, "first_index", at_shard));
-        NL_ASSIGN_OR_RETURN(sh.count, GetCount(jsh, "count", at_shard));
-        NL_ASSIGN_OR_RETURN(sh.bytes, GetCount(jsh, "bytes", at_shard));
-        sh.checksum = jsh.at("checksum").get<std::string>();
-        s.shards.push_back(std::move(sh));
-      }
-      field = "splits." + name + ".skipped";
-      for (const auto& jf : js.value("skipped", json::array())) {
-        s.skipped.push_back({jf.at("path").get<std::string>(), jf.at("reason").get<std::string>()});
-      }
-      NL_RETURN_IF_ERROR(CheckSplit(name, s).WithContext(where));
+      NL_ASSIGN_OR_RETURN(SplitInfo s, ReadSplit(name, js, where, &field));
       m.splits.emplace(name, std::move(s));
     }
   } catch (const json::exception& e) {

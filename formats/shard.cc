@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "formats/crc32c.h"
+#include "base/fd.h"
 #include "base/file_util.h"
 
 namespace nl {
@@ -502,37 +503,42 @@ ShardReader::~ShardReader() {
   UnregisterMap(map_slot_);
 }
 
-Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
-                                                       const ShardInfo& info) {
-  const std::string dir = root + "/" + info.path;
-  const std::string data = dir + "/data.mdb";
-  const std::string what = "cannot open shard " + info.path + " (" + data + ")";
+namespace {
+
+// No path of the manifest leaves the shard set: its text was checked when
+// the manifest was read; here, where it leads through symbolic links.
+Status CheckWithinShardSet(const std::string& root, const std::string& data,
+                           const std::string& what) {
+  char* real_root = ::realpath(root.c_str(), nullptr);
+  const int root_err = errno;
+  char* real_data = ::realpath(data.c_str(), nullptr);
+  const int data_err = errno;
+  const std::string rr = real_root ? real_root : "", rd = real_data ? real_data : "";
+  std::free(real_root);
+  std::free(real_data);
+  if (rr.empty()) return Status::FromErrno(what + ": cannot resolve " + root, root_err);
+  if (rd.empty()) return Status::FromErrno(what + ": cannot resolve its path", data_err);
+  if (!PathIsWithin(rd, rr)) {
+    return Status::Corruption(what + ": it leads to " + rd + ", outside the shard set " + rr +
+                              " (through a symbolic link); a shard set's files stay in its "
+                              "directory");
+  }
+  return Status::Ok();
+}
+
+// data.mdb's size, once it is known to be a regular file inside the shard
+// set and at least as long as the manifest says. Pages past the end of the
+// file would be mapped but not backed (touching them raises SIGBUS), so
+// this comes before LMDB reads any page.
+Result<uint64_t> CheckDataFile(const std::string& root, const std::string& data,
+                               const ShardInfo& info, const std::string& what) {
   struct stat fst {};
   if (::stat(data.c_str(), &fst) != 0) return Status::FromErrno(what, errno);
   if (!S_ISREG(fst.st_mode)) {
     return Status::Corruption(what + ": data.mdb is not a regular file");
   }
   const uint64_t size = static_cast<uint64_t>(fst.st_size);
-  // No path of the manifest leaves the shard set: its text was checked when
-  // the manifest was read; here, where it leads through symbolic links.
-  {
-    char* real_root = ::realpath(root.c_str(), nullptr);
-    const int root_err = errno;
-    char* real_data = ::realpath(data.c_str(), nullptr);
-    const int data_err = errno;
-    const std::string rr = real_root ? real_root : "", rd = real_data ? real_data : "";
-    std::free(real_root);
-    std::free(real_data);
-    if (rr.empty()) return Status::FromErrno(what + ": cannot resolve " + root, root_err);
-    if (rd.empty()) return Status::FromErrno(what + ": cannot resolve its path", data_err);
-    if (!PathIsWithin(rd, rr)) {
-      return Status::Corruption(what + ": it leads to " + rd + ", outside the shard set " + rr +
-                                " (through a symbolic link); a shard set's files stay in its "
-                                "directory");
-    }
-  }
-  // Pages past the end of the file would be mapped but not backed: touching
-  // them raises SIGBUS. So the size is checked before LMDB reads any page.
+  NL_RETURN_IF_ERROR(CheckWithinShardSet(root, data, what));
   if (size == 0) {
     return Status::Corruption(what + ": data.mdb is empty (0 bytes): the shard is truncated");
   }
@@ -541,37 +547,34 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                               " bytes but the manifest says " + std::to_string(info.bytes) +
                               ": the shard is truncated");
   }
-  // The meta pages before LMDB reads them (the file LMDB maps is checked
-  // through this descriptor's inode below).
-  const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Status::FromErrno(what, errno);
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  TreeCheck check(fd, size);
-  if (Status m = check.Meta(); !m.ok()) return Status::Corruption(what + ": " + m.message());
-  std::unique_ptr<ShardReader> r(new ShardReader());
-  r->info_ = info;
-  MDB_env* env = nullptr;
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_create(&env), "mdb_env_create"));
-  r->env_.reset(env);
-  // Map just the file (LMDB rounds up to the pages in use), not the writer's
-  // reservation, so many shards fit in the address space.
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(env, std::max<uint64_t>(size, 1 << 20)),
+  return size;
+}
+
+// Opens the environment read-only, mapping just the file (LMDB rounds up to
+// the pages in use), not the writer's reservation, so many shards fit in the
+// address space; and checks that the file LMDB opened is the one `checked`
+// describes (not one swapped in meanwhile).
+Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, const Fd& checked,
+                                const std::string& what) {
+  MDB_env* raw = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_create(&raw), "mdb_env_create"));
+  LmdbEnv env(raw);
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(raw, std::max<uint64_t>(size, 1 << 20)),
                                 "mdb_env_set_mapsize"));
   NL_RETURN_IF_ERROR(
-      LmdbStatus(mdb_env_open(env, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444), what));
-  {  // The file LMDB opened is the one checked (not one swapped in meanwhile).
-    mdb_filehandle_t lfd;
-    struct stat a {}, b {};
-    if (mdb_env_get_fd(env, &lfd) == MDB_SUCCESS && ::fstat(lfd, &a) == 0 && ::fstat(fd, &b) == 0 &&
-        (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
-      return Status::Corruption(what + ": data.mdb was replaced while it was being opened");
-    }
+      LmdbStatus(mdb_env_open(raw, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444), what));
+  mdb_filehandle_t lfd;
+  struct stat a {}, b {};
+  if (mdb_env_get_fd(raw, &lfd) == MDB_SUCCESS && ::fstat(lfd, &a) == 0 &&
+      ::fstat(checked.get(), &b) == 0 && (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
+    return Status::Corruption(what + ": data.mdb was replaced while it was being opened");
   }
-  // mdb_env_open read only the two meta pages (checked above to be in the
-  // file: it fails on a shorter one). LMDB's own last page must be too.
+  return env;
+}
+
+// mdb_env_open read only the two meta pages (checked before to be in the
+// file: it fails on a shorter one). LMDB's own last page must be too.
+Status CheckLastPage(MDB_env* env, uint64_t size, const std::string& what) {
   MDB_envinfo ei{};
   MDB_stat es{};
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_info(env, &ei), what));
@@ -583,48 +586,76 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
                               ", " + std::to_string(es.ms_psize) + "-byte pages) ends at byte " +
                               std::to_string(needed) + ": the shard is truncated");
   }
-  {
-    const Status tree = check.Tree();
-    if (!tree.ok()) return Status::Corruption(what + ": " + tree.message());
-  }
-  r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
-  MDB_txn* t = nullptr;
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
-  LmdbTxn txn(t);
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &r->dbi_), what));
+  return Status::Ok();
+}
+
+// The record count, from the meta page, unchecked by LMDB; readers size
+// arrays by it (through the manifest's count, which must equal it). Each
+// entry takes at least a node header and its 8-byte key in a page.
+Result<uint64_t> CountRecords(MDB_txn* t, MDB_dbi dbi, uint64_t size, const std::string& what) {
   MDB_stat st{};
-  NL_RETURN_IF_ERROR(LmdbStatus(mdb_stat(t, r->dbi_, &st), what));
-  // The count comes from the meta page, unchecked by LMDB; readers size
-  // arrays by it (through the manifest's count, which must equal it). Each
-  // entry takes at least a node header and its 8-byte key in a page.
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_stat(t, dbi, &st), what));
   if (st.ms_entries > size / 16) {
     return Status::Corruption(what + ": data.mdb claims " + std::to_string(st.ms_entries) +
                               " records, more than its " + std::to_string(size) +
                               " bytes can hold: the shard is damaged");
   }
-  r->entries_ = st.ms_entries;
+  return uint64_t{st.ms_entries};
+}
+
+// Whether LMDB's own first key lies in [map, map + size): a range found
+// wrongly (another file of the same inode number, on an overlay) would
+// otherwise make every value look out of bounds.
+bool FirstKeyInMap(MDB_txn* t, MDB_dbi dbi, const uint8_t* map, uint64_t size) {
+  MDB_cursor* c = nullptr;
+  MDB_val k, v;
+  bool inside = false;
+  if (mdb_cursor_open(t, dbi, &c) == MDB_SUCCESS) {
+    if (mdb_cursor_get(c, &k, &v, MDB_FIRST) == MDB_SUCCESS) {
+      const auto p = reinterpret_cast<uintptr_t>(k.mv_data), b = reinterpret_cast<uintptr_t>(map);
+      inside = p >= b && p - b < size;
+    }
+    mdb_cursor_close(c);
+  }
+  return inside;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
+                                                       const ShardInfo& info) {
+  const std::string dir = root + "/" + info.path;
+  const std::string data = dir + "/data.mdb";
+  const std::string what = "cannot open shard " + info.path + " (" + data + ")";
+  NL_ASSIGN_OR_RETURN(const uint64_t size, CheckDataFile(root, data, info, what));
+  // The meta pages before LMDB reads them (the file LMDB maps is checked
+  // through this descriptor's inode).
+  const Fd fd(::open(data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) return Status::FromErrno(what, errno);
+  TreeCheck check(fd.get(), size);
+  if (Status m = check.Meta(); !m.ok()) return Status::Corruption(what + ": " + m.message());
+  std::unique_ptr<ShardReader> r(new ShardReader());
+  r->info_ = info;
+  NL_ASSIGN_OR_RETURN(r->env_, OpenReadOnlyEnv(dir, size, fd, what));
+  MDB_env* env = r->env_.get();
+  NL_RETURN_IF_ERROR(CheckLastPage(env, size, what));
+  if (Status tree = check.Tree(); !tree.ok()) return Status::Corruption(what + ": " + tree.message());
+  r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
+  MDB_txn* t = nullptr;
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
+  LmdbTxn txn(t);
+  NL_RETURN_IF_ERROR(LmdbStatus(mdb_dbi_open(t, nullptr, 0, &r->dbi_), what));
+  NL_ASSIGN_OR_RETURN(r->entries_, CountRecords(t, r->dbi_, size, what));
   // Where LMDB mapped the file (LMDB does not say: me_mapaddr is only set for
   // MDB_FIXEDMAP), as found for the SIGBUS handler in /proc/self/maps.
   if (r->map_slot_ >= 0) {
     r->map_ = reinterpret_cast<const uint8_t*>(g_mapped[r->map_slot_].begin.load());
   }
   r->file_bytes_ = size;
-  // Confirmed with LMDB's own first key, which lies in its map: a range
-  // found wrongly (another file of the same inode number, on an overlay)
-  // would otherwise make every value look out of bounds. Unconfirmed, the
-  // bounds are not checked (the tree check above still holds).
-  if (r->map_ != nullptr && r->entries_ > 0) {
-    MDB_cursor* c = nullptr;
-    MDB_val k, v;
-    bool inside = false;
-    if (mdb_cursor_open(t, r->dbi_, &c) == MDB_SUCCESS) {
-      if (mdb_cursor_get(c, &k, &v, MDB_FIRST) == MDB_SUCCESS) {
-        const auto p = reinterpret_cast<uintptr_t>(k.mv_data), b = reinterpret_cast<uintptr_t>(r->map_);
-        inside = p >= b && p - b < size;
-      }
-      mdb_cursor_close(c);
-    }
-    if (!inside) r->map_ = nullptr;
+  // Unconfirmed by LMDB's first key, the bounds are not checked (the tree
+  // check above still holds).
+  if (r->map_ != nullptr && r->entries_ > 0 && !FirstKeyInMap(t, r->dbi_, r->map_, size)) {
+    r->map_ = nullptr;
   }
   return r;
 }

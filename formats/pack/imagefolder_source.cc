@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "base/fd.h"
 #include "base/file_util.h"
 
 namespace nl {
@@ -25,11 +26,10 @@ struct DirEntries {
 // Lists a directory like os.scandir + entry.is_dir(): a symlink to a
 // directory counts as a directory; anything else (files, broken links) as a file.
 Status ListDir(const std::string& dir, DirEntries* out) {
-  DIR* d = ::opendir(dir.c_str());
+  const DirHandle d(::opendir(dir.c_str()));
   if (!d) return Status::FromErrno("cannot list directory " + dir, errno);
-  std::unique_ptr<DIR, int (*)(DIR*)> guard(d, ::closedir);
   errno = 0;
-  while (dirent* e = ::readdir(d)) {
+  while (dirent* e = ::readdir(d.get())) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
     bool is_dir = e->d_type == DT_DIR;

@@ -386,6 +386,13 @@ namespace {
 
 constexpr char kTempLockName[] = "/.pack-lock";
 
+std::string ParentOf(const std::string& path) {
+  std::string p = fs::path(path).parent_path().string();
+  return p.empty() ? "." : p;
+}
+
+std::string NameOf(const std::string& path) { return fs::path(path).filename().string(); }
+
 // A temporary directory and the lock that marks it as in use. The directory
 // goes first on destruction (members are destroyed in reverse order).
 struct LockedTemp {
@@ -394,11 +401,38 @@ struct LockedTemp {
   const std::string& path() const { return dir.path(); }
 };
 
-// Removes temporaries "<prefix><pid>" (or "<prefix><name>-<pid>") in `dir`
-// that no running pack holds: their lock file inside can be taken. The pid in
-// the name only makes names unique; it says nothing about liveness, since the
-// pack may run in another PID namespace or on another machine.
-void RemoveStale(const std::string& dir, const std::string& prefix) {
+// Whether the temporary directory at `path` is one no running pack holds:
+// its lock file inside can be taken. The pid in its name only makes names
+// unique; it says nothing about liveness, since the pack may run in another
+// PID namespace or on another machine. (A pack that holds the lock holds it
+// for its life, so the lock may be let go before the directory is removed.)
+bool Unheld(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(path, ec))) return false;
+  Result<std::optional<FileLock>> lock = FileLock::TryAcquire(path + kTempLockName);
+  return lock.ok() && lock->has_value();  // in use (or cannot tell): keep it
+}
+
+// Removes the temporaries of `target` (TemporaryPath(target)) that no
+// running pack holds.
+void RemoveStaleTemporariesOf(const std::string& target) {
+  (void)RemoveStaleTemporaries(
+      ParentOf(target), [name = NameOf(target)](const std::string& path, const std::string& base) {
+        return base == name && Unheld(path);
+      });
+}
+
+// Removes the per-split temporaries inside the shard set `out`
+// (TemporaryPath(out + "/." + split), any split) that no running pack holds.
+void RemoveStaleSplitTemporaries(const std::string& out) {
+  (void)RemoveStaleTemporaries(out, [](const std::string& path, const std::string& base) {
+    return base.size() > 1 && base[0] == '.' && Unheld(path);
+  });
+}
+
+// Removes directories "<prefix><pid>" (or "<prefix><name>-<pid>") in `dir`
+// moved aside by a pack that did not finish (the caller holds OUT's lock).
+void RemoveMovedAside(const std::string& dir, const std::string& prefix) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
@@ -406,14 +440,8 @@ void RemoveStale(const std::string& dir, const std::string& prefix) {
     const std::string tail = name.substr(prefix.size());
     const auto dash = tail.find_last_of('-');
     const std::string pid_s = dash == std::string::npos ? tail : tail.substr(dash + 1);
-    char* end = nullptr;
-    (void)std::strtol(pid_s.c_str(), &end, 10);
-    if (end == pid_s.c_str() || *end != '\0') continue;
-    std::error_code dir_ec;
-    if (!fs::is_directory(e.symlink_status(dir_ec))) continue;
-    Result<std::optional<FileLock>> lock = FileLock::TryAcquire(e.path().string() + kTempLockName);
-    if (!lock.ok() || !lock->has_value()) continue;  // in use (or cannot tell): keep it
-    (void)RemoveAll(e.path().string());
+    if (pid_s.empty() || pid_s.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (Unheld(e.path().string())) (void)RemoveAll(e.path().string());
   }
 }
 
@@ -431,13 +459,6 @@ Result<LockedTemp> MakeLockedTemp(const std::string& path) {
   t.lock = std::move(*lock);
   return t;
 }
-
-std::string ParentOf(const std::string& path) {
-  std::string p = fs::path(path).parent_path().string();
-  return p.empty() ? "." : p;
-}
-
-std::string NameOf(const std::string& path) { return fs::path(path).filename().string(); }
 
 std::string Normalize(std::string p) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -472,9 +493,9 @@ Status CommitNewOut(LockedTemp* tmp, const std::string& out) {
 }
 
 Result<LockedTemp> MakeTempBeside(const std::string& out) {
-  RemoveStale(ParentOf(out), NameOf(out) + ".tmp-");
-  RemoveStale(ParentOf(out), NameOf(out) + ".old-");
-  return MakeLockedTemp(out + ".tmp-" + std::to_string(::getpid()));
+  RemoveStaleTemporariesOf(out);
+  RemoveMovedAside(ParentOf(out), NameOf(out) + ".old-");
+  return MakeLockedTemp(TemporaryPath(out));
 }
 
 // Takes OUT's lock (creating OUT's parent directory if needed), waiting for
@@ -567,51 +588,36 @@ Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_
   return sum;
 }
 
-Result<PackSummary> PackImageFolder(const std::string& src, const std::string& out_in,
-                                    const std::string& split, const PackOptions& o) {
-  const auto t0 = Clock::now();
-  const std::string out = Normalize(out_in);
-  if (split.empty() || split.find('/') != std::string::npos || split[0] == '.') {
-    return Status::InvalidArgument("invalid split name '" + split + "'");
-  }
-  NL_RETURN_IF_ERROR(CheckNotNested(src, out));
-  NL_ASSIGN_OR_RETURN(auto source, ImageFolderSource::Scan(src));
-  PackSummary sum;
+namespace {
 
-  // Everything about OUT is checked under its lock, held until the commit.
-  NL_ASSIGN_OR_RETURN(FileLock out_lock, LockOut(out, o));
-  Result<Manifest> existing = Status::NotFound("");
-  if (PathExists(out)) {
-    existing = LoadManifest(out);
-    if (!existing.ok()) NL_RETURN_IF_ERROR(CheckNonShardSetReplaceable(out, existing.status(), o));
-  }
+// A new shard set OUT holding one ImageFolder split, built beside OUT.
+Status PackNewImageFolderSet(const ImageFolderSource& source, const std::string& src,
+                             const std::string& out, const std::string& split,
+                             const PackOptions& o, PackSummary* sum) {
+  NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeTempBeside(out));
+  Manifest& m = sum->manifest;
+  m.source_kind = "imagefolder";
+  m.source_path = Absolute(src);
+  m.label_kind = "class_dirs";
+  m.classes = source.classes();
+  NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(source, tmp.path(), split, o));
+  info.source = m.source_path;
+  Tally(split, info, sum);
+  m.splits[split] = std::move(info);
+  NL_RETURN_IF_ERROR(SaveManifest(tmp.path(), m));
+  return CommitNewOut(&tmp, out);
+}
 
-  if (!existing.ok()) {  // a new OUT (or --replace-non-shard-set over something else)
-    NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeTempBeside(out));
-    Manifest& m = sum.manifest;
-    m.source_kind = "imagefolder";
-    m.source_path = Absolute(src);
-    m.label_kind = "class_dirs";
-    m.classes = source->classes();
-    NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), split, o));
-    info.source = m.source_path;
-    Tally(split, info, &sum);
-    m.splits[split] = std::move(info);
-    NL_RETURN_IF_ERROR(SaveManifest(tmp.path(), m));
-    NL_RETURN_IF_ERROR(CommitNewOut(&tmp, out));
-    sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    return sum;
-  }
-
-  // Add (or, with --force, replace) one split of an existing shard set.
-  Manifest m = std::move(*existing);
+// Whether `split` of `source` may go into the existing shard set `m` at OUT.
+Status CheckSplitFits(const Manifest& m, const ImageFolderSource& source, const std::string& src,
+                      const std::string& out, const std::string& split, const PackOptions& o) {
   if (m.source_kind != "imagefolder") {
     return Status::InvalidArgument(out + " holds a " + m.source_kind +
                                    " shard set; an ImageFolder split cannot be added to it");
   }
-  if (m.classes != source->classes()) {
+  if (m.classes != source.classes()) {
     return Status::InvalidArgument(
-        "classes of " + src + " (" + std::to_string(source->classes().size()) +
+        "classes of " + src + " (" + std::to_string(source.classes().size()) +
         ") differ from those of " + out + " (" + std::to_string(m.classes.size()) +
         "): a split must use the same class directories");
   }
@@ -619,20 +625,16 @@ Result<PackSummary> PackImageFolder(const std::string& src, const std::string& o
     return Status::AlreadyExists("split '" + split + "' already exists in " + out +
                                  " (use --force to replace it)");
   }
-  RemoveStale(out, ".tmp-");
-  RemoveStale(out, ".old-");
-  RemoveStale(ParentOf(out), NameOf(out) + ".tmp-");  // from interrupted packs of a new OUT
-  RemoveStale(ParentOf(out), NameOf(out) + ".old-");
-  const std::string pid = std::to_string(::getpid());
-  NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeLockedTemp(out + "/.tmp-" + split + "-" + pid));
-  NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(*source, tmp.path(), split, o));
-  info.source = Absolute(src);
+  return Status::Ok();
+}
 
-  // Swap the new split in. Until the manifest is replaced, the old manifest
-  // still describes the set; on any failure the old split directory is put
-  // back, so nothing already written is lost.
+// Swaps the split built in `tmp` into OUT. Until the manifest is replaced,
+// the old manifest still describes the set; on any failure the old split
+// directory is put back, so nothing already written is lost.
+Result<Manifest> SwapSplitIn(const LockedTemp& tmp, const std::string& out,
+                             const std::string& split, const SplitInfo& info, const Manifest& m) {
   const std::string final_dir = out + "/" + split;
-  const std::string old_dir = out + "/.old-" + split + "-" + pid;
+  const std::string old_dir = out + "/.old-" + split + "-" + std::to_string(::getpid());
   const bool had_dir = PathExists(final_dir);
   if (had_dir && ::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
     return Status::FromErrno("cannot move aside " + final_dir, errno);
@@ -654,8 +656,53 @@ Result<PackSummary> PackImageFolder(const std::string& src, const std::string& o
     return st;
   }
   if (had_dir) (void)RemoveAll(old_dir);
-  Tally(split, info, &sum);
-  sum.manifest = std::move(updated);
+  return updated;
+}
+
+// Adds (or, with --force, replaces) one split of the existing shard set `m`
+// at OUT, built in a temporary inside OUT.
+Status AddImageFolderSplit(const ImageFolderSource& source, const std::string& src,
+                           const std::string& out, const std::string& split, const PackOptions& o,
+                           const Manifest& m, PackSummary* sum) {
+  NL_RETURN_IF_ERROR(CheckSplitFits(m, source, src, out, split, o));
+  RemoveStaleSplitTemporaries(out);
+  RemoveMovedAside(out, ".old-");
+  RemoveStaleTemporariesOf(out);  // from interrupted packs of a new OUT
+  RemoveMovedAside(ParentOf(out), NameOf(out) + ".old-");
+  NL_ASSIGN_OR_RETURN(LockedTemp tmp, MakeLockedTemp(TemporaryPath(out + "/." + split)));
+  NL_ASSIGN_OR_RETURN(SplitInfo info, PackSplit(source, tmp.path(), split, o));
+  info.source = Absolute(src);
+  NL_ASSIGN_OR_RETURN(Manifest updated, SwapSplitIn(tmp, out, split, info, m));
+  Tally(split, info, sum);
+  sum->manifest = std::move(updated);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<PackSummary> PackImageFolder(const std::string& src, const std::string& out_in,
+                                    const std::string& split, const PackOptions& o) {
+  const auto t0 = Clock::now();
+  const std::string out = Normalize(out_in);
+  if (split.empty() || split.find('/') != std::string::npos || split[0] == '.') {
+    return Status::InvalidArgument("invalid split name '" + split + "'");
+  }
+  NL_RETURN_IF_ERROR(CheckNotNested(src, out));
+  NL_ASSIGN_OR_RETURN(auto source, ImageFolderSource::Scan(src));
+
+  // Everything about OUT is checked under its lock, held until the commit.
+  NL_ASSIGN_OR_RETURN(FileLock out_lock, LockOut(out, o));
+  Result<Manifest> existing = Status::NotFound("");
+  if (PathExists(out)) {
+    existing = LoadManifest(out);
+    if (!existing.ok()) NL_RETURN_IF_ERROR(CheckNonShardSetReplaceable(out, existing.status(), o));
+  }
+  PackSummary sum;
+  if (!existing.ok()) {  // a new OUT (or --replace-non-shard-set over something else)
+    NL_RETURN_IF_ERROR(PackNewImageFolderSet(*source, src, out, split, o, &sum));
+  } else {
+    NL_RETURN_IF_ERROR(AddImageFolderSplit(*source, src, out, split, o, *existing, &sum));
+  }
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return sum;
 }

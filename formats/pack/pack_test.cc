@@ -338,6 +338,28 @@ TEST(PackSafety, TemporaryWithAHeldLockIsKeptWhateverItsPid) {
   EXPECT_EQ(Listing(d.path()), (std::vector<std::string>{"out", "src"}));
 }
 
+TEST(PackSafety, SplitTemporaryInsideOutIsKeptWhileHeldAndRemovedWhenStale) {
+  testing::ScratchDir d;
+  MakeImageFolder(d / "src");
+  ASSERT_TRUE(PackImageFolder(d / "src", d / "out", "train", Opts()).ok());
+  // Per-split temporaries are TemporaryPath(OUT/.<split>); pids above pid_max.
+  const std::string held_tmp = d / "out/.val.tmp-4194311";
+  const std::string stale_tmp = d / "out/.test.tmp-4194312";
+  ASSERT_TRUE(MakeDirs(held_tmp + "/val").ok());
+  ASSERT_TRUE(MakeDirs(stale_tmp + "/test").ok());
+  testing::WriteText(stale_tmp + "/.pack-lock", "");  // a lock file no one holds
+  const int fd = ::open((held_tmp + "/.pack-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_TRUE(PackImageFolder(d / "src", d / "out", "extra", Opts()).ok());
+  EXPECT_TRUE(PathExists(held_tmp + "/val")) << "a temporary in use was removed";
+  EXPECT_FALSE(PathExists(stale_tmp)) << "a stale temporary was kept";
+  ::close(fd);
+  ASSERT_TRUE(PackImageFolder(d / "src", d / "out", "more", Opts()).ok());
+  EXPECT_EQ(Listing(d / "out"),
+            (std::vector<std::string>{"extra", "manifest.json", "more", "train"}));
+}
+
 TEST(PackSafety, ForceNeverDeletesTheSourceOrANonShardSet) {
   testing::ScratchDir d;
   MakeImageFolder(d / "fsrc/train");

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -103,24 +104,175 @@ struct RingClient::Impl {
                                     Seconds(waited) + "; it is " +
                                     ProcessState(info.producer_pid) + "; " + doing);
   }
+
+  // Tells the producer why we refuse its ring, and hangs up.
+  Status Refuse(const std::string& why) {
+    (void)SendMessage(conn.get(), MakeMessage(MessageKind::kRefused, why));
+    conn.Reset();
+    return Status::FailedPrecondition("refused " + who + ": " + why);
+  }
+
+  // The producer's first message: its segment's descriptor, checked to be
+  // of our version and sealed against shrinking. Waits up to left_s.
+  Result<Fd> ReceiveSegment(double left_s) {
+    Message hello;
+    Fd segment;
+    const Status got = ReceiveMessage(conn.get(), static_cast<int>(left_s * 1000), &hello, &segment);
+    if (!got.ok()) {
+      return Status(got.code(), who + " did not hand over its ring: " + got.message());
+    }
+    if (hello.kind == static_cast<uint32_t>(MessageKind::kRefused)) {
+      conn.Reset();
+      return Status::FailedPrecondition(who + " refused this consumer: " + hello.text);
+    }
+    if (hello.kind != static_cast<uint32_t>(MessageKind::kSegment) || !segment.valid()) {
+      return Refuse("its first message carries no ring segment");
+    }
+    if (hello.version != kVersion) {
+      return Refuse("it speaks ring version " + std::to_string(hello.version) + ", we speak " +
+                    std::to_string(kVersion));
+    }
+    const int seals = ::fcntl(segment.get(), F_GET_SEALS);
+    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+      return Refuse("its segment is not sealed against shrinking (it could be cut under us)");
+    }
+    return segment;
+  }
+
+  // Maps the segment and copies its header's fixed part into *copy (from
+  // here on only the copy is used), checked against the socket's peer and
+  // what we asked for. (Header holds the process-shared mutex: not movable.)
+  Status MapSegment(const Fd& segment, const PeerCred& peer, const std::string& job_id, int rank,
+                    Header* out) {
+    struct stat st {};
+    if (::fstat(segment.get(), &st) != 0) return Status::FromErrno("fstat of the ring segment", errno);
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size < sizeof(Header) || size > kMaxSegmentBytes) {
+      return Refuse("its segment has " + std::to_string(size) + " bytes");
+    }
+    bytes = size;
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment.get(), 0);
+    if (base == MAP_FAILED) return Status::FromErrno("mapping the ring segment", errno);
+    h = static_cast<Header*>(base);
+    Header& copy = *out;
+    std::memcpy(static_cast<void*>(&copy), h, offsetof(Header, control));
+    const Status geometry = CheckGeometry(copy, size);
+    if (!geometry.ok()) return Refuse(geometry.message());
+    if (copy.producer_uid != peer.uid || copy.producer_pid != peer.pid) {
+      return Refuse("its segment names pid " + std::to_string(copy.producer_pid) + " / uid " +
+                    std::to_string(copy.producer_uid) + ", but the socket's peer is pid " +
+                    std::to_string(peer.pid) + " / uid " + std::to_string(peer.uid));
+    }
+    if (std::string(copy.job_id) != job_id || copy.rank != rank) {
+      return Refuse("its segment is for job " + std::string(copy.job_id) + ", rank " +
+                    std::to_string(copy.rank));
+    }
+    if (copy.batches_per_epoch == 0) return Refuse("its segment says an epoch has no batches");
+    return Status::Ok();
+  }
+
+  // Takes the checked header as ours and tells the producer who we are.
+  Status Adopt(const Header& copy, int producer_pid) {
+    g = copy.geometry;
+    info.geometry = copy.geometry;
+    info.producer_pid = producer_pid;
+    info.batches_per_epoch = copy.batches_per_epoch;
+    info.epochs = copy.epochs;
+    taken.reset(new std::atomic<uint64_t>[g.slot_count]());
+    attached_ns = MonotonicNs();
+    RingLock lock = TryLockFor(h->control, 1000);
+    if (!lock.owns()) return Refuse("its ring's lock stayed held for 1 s");
+    h->consumer_pid = ::getpid();
+    generation = h->control.request_id;
+    if (generation == 0) {  // no seek yet: the producer starts where it was told
+      have_next = true;
+      next_epoch = copy.first_epoch;
+      next_batch = copy.first_batch;
+    }
+    return Status::Ok();
+  }
+
+  // Under the ring's lock, one look at the consumer's position: the batch,
+  // an error, or nothing yet (after waiting one slice for a publish).
+  // Batches published before our seek are dropped on the way.
+  std::optional<Result<RingBatch>> TakeOrWait(RingLock& lock, uint64_t want_generation,
+                                              bool peer_closed, double* waited_s) {
+    Control& c = h->control;
+    while (true) {
+      const uint64_t pos = c.consumed;
+      const uint32_t slot = static_cast<uint32_t>(pos % g.slot_count);
+      SlotHeader* s = Slot(slot);
+      const uint64_t holding = taken[slot].load();
+      if (holding != 0) {  // our own batch occupies the slot the next one needs
+        return Status::FailedPrecondition(
+            "the next batch goes into the slot of a batch this consumer still holds (ring "
+            "position " + std::to_string(holding - 1) + "): release it first");
+      }
+      if (s->state != static_cast<uint32_t>(SlotState::kReady) || s->position != pos) break;
+      ++c.consumed;
+      if (s->generation != want_generation) {  // published before our seek: drop it
+        s->state = static_cast<uint32_t>(SlotState::kFree);
+        Wake(c.on_free, c.producer_waiting);
+        continue;
+      }
+      s->state = static_cast<uint32_t>(SlotState::kTaken);
+      const BatchMeta meta = s->meta;
+      lock.unlock();
+      return Deliver(slot, pos, meta, *waited_s);
+    }
+    const auto state = static_cast<ProducerState>(c.state);
+    if (state == ProducerState::kError || state == ProducerState::kStopped) return Gone();
+    if (state == ProducerState::kEnd && c.serving_request == want_generation) {
+      return Status::OutOfRange(who + " has served its last epoch");
+    }
+    if (peer_closed) return Gone();
+    const auto w0 = Clock::now();
+    SleepUntilWoken(lock, c.on_publish, c.consumer_waiting, kSliceMs);
+    *waited_s += Since(w0);
+    return std::nullopt;
+  }
+
+  // The batch in `slot` (taken), as the caller sees it; its size checked.
+  Result<RingBatch> Deliver(uint32_t slot, uint64_t pos, const BatchMeta& meta, double waited_s) {
+    if (meta.size == 0 || meta.size > g.batch_size) {
+      return Status::Corruption(who + " published a batch of " + std::to_string(meta.size) +
+                                " samples into a ring of " + std::to_string(g.batch_size));
+    }
+    char* slot_base = reinterpret_cast<char*>(Slot(slot));
+    RingBatch b;
+    b.pixels = slot_base + g.pixels_offset;
+    b.labels = reinterpret_cast<const int64_t*>(slot_base + g.labels_offset);
+    b.indices = reinterpret_cast<const int64_t*>(slot_base + g.indices_offset);
+    b.size = meta.size;
+    b.slot = slot;
+    b.epoch = meta.epoch;
+    b.batch = meta.batch;
+    b.position = pos;
+    b.wait_s = waited_s;
+    std::lock_guard local(mu);
+    b.sequence = sequence++;
+    taken[slot] = pos + 1;
+    ++held;
+    have_next = true;
+    next_epoch = meta.epoch + (meta.batch + 1 >= info.batches_per_epoch ? 1 : 0);
+    next_batch = (meta.batch + 1) % info.batches_per_epoch;
+    return b;
+  }
 };
 
 RingClient::RingClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RingClient::~RingClient() = default;
 
-Result<std::unique_ptr<RingClient>> RingClient::Attach(const std::string& job_id, int rank,
-                                                       double timeout_s) {
+namespace {
+
+// Connects to the producer's socket, retrying every 50 ms until timeout_s
+// (< 0: no limit) has passed since `start`.
+Result<Fd> ConnectToProducer(const std::string& job_id, int rank, const std::string& where,
+                             double timeout_s, Clock::time_point start) {
   NL_ASSIGN_OR_RETURN(const std::string name, SocketName(job_id, rank));
-  auto impl = std::make_unique<Impl>();
-  Impl& m = *impl;
-  const std::string where = "job " + job_id + ", rank " + std::to_string(rank);
-  const auto start = Clock::now();
   while (true) {
     auto conn = ConnectAbstract(name);
-    if (conn.ok()) {
-      m.conn = std::move(*conn);
-      break;
-    }
+    if (conn.ok()) return std::move(*conn);
     if (conn.status().code() != StatusCode::kNotFound) return conn.status().WithContext(where);
     if (timeout_s >= 0 && Since(start) >= timeout_s) {
       return Status::NotFound("no loader serve for " + where + " appeared within " +
@@ -129,87 +281,33 @@ Result<std::unique_ptr<RingClient>> RingClient::Attach(const std::string& job_id
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RingClient>> RingClient::Attach(const std::string& job_id, int rank,
+                                                       double timeout_s) {
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  const std::string where = "job " + job_id + ", rank " + std::to_string(rank);
+  const auto start = Clock::now();
+  NL_ASSIGN_OR_RETURN(m.conn, ConnectToProducer(job_id, rank, where, timeout_s, start));
   NL_ASSIGN_OR_RETURN(const PeerCred peer, GetPeerCred(m.conn.get()));
   m.who = "loader serve for " + where + " (pid " + std::to_string(peer.pid) + ")";
-  auto refuse = [&](const std::string& why) {
-    (void)SendMessage(m.conn.get(), MakeMessage(MessageKind::kRefused, why));
-    m.conn.Reset();
-    return Status::FailedPrecondition("refused " + m.who + ": " + why);
-  };
   if (peer.uid != ::geteuid()) {
-    return refuse("it runs as uid " + std::to_string(peer.uid) + ", and this consumer as uid " +
-                  std::to_string(::geteuid()) + "; only a producer of our own uid is trusted");
+    return m.Refuse("it runs as uid " + std::to_string(peer.uid) + ", and this consumer as uid " +
+                    std::to_string(::geteuid()) + "; only a producer of our own uid is trusted");
   }
-  Message hello;
-  Fd segment;
   // At least 1 s for the hello; at most an hour (and never NaN): the
   // milliseconds must fit an int.
   double left = timeout_s < 0 ? 30.0 : std::max(1.0, timeout_s - Since(start));
   if (!(left <= 3600.0)) left = 3600.0;
-  const Status got = ReceiveMessage(m.conn.get(), static_cast<int>(left * 1000), &hello, &segment);
-  if (!got.ok()) {
-    return Status(got.code(), m.who + " did not hand over its ring: " + got.message());
-  }
-  if (hello.kind == static_cast<uint32_t>(MessageKind::kRefused)) {
-    m.conn.Reset();
-    return Status::FailedPrecondition(m.who + " refused this consumer: " + hello.text);
-  }
-  if (hello.kind != static_cast<uint32_t>(MessageKind::kSegment) || !segment.valid()) {
-    return refuse("its first message carries no ring segment");
-  }
-  if (hello.version != kVersion) {
-    return refuse("it speaks ring version " + std::to_string(hello.version) + ", we speak " +
-                  std::to_string(kVersion));
-  }
-  struct stat st{};
-  if (::fstat(segment.get(), &st) != 0) return Status::FromErrno("fstat of the ring segment", errno);
-  const int seals = ::fcntl(segment.get(), F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    return refuse("its segment is not sealed against shrinking (it could be cut under us)");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < sizeof(Header) || size > kMaxSegmentBytes) {
-    return refuse("its segment has " + std::to_string(size) + " bytes");
-  }
-  m.bytes = size;
-  m.base = ::mmap(nullptr, m.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment.get(), 0);
-  if (m.base == MAP_FAILED) return Status::FromErrno("mapping the ring segment", errno);
-  m.h = static_cast<Header*>(m.base);
-  // One copy of the header's fixed part: checked, then only the copy is used.
+  NL_ASSIGN_OR_RETURN(const Fd segment, m.ReceiveSegment(left));
   Header copy;
-  std::memcpy(static_cast<void*>(&copy), m.h, offsetof(Header, control));
-  const Status geometry = CheckGeometry(copy, size);
-  if (!geometry.ok()) return refuse(geometry.message());
-  if (copy.producer_uid != peer.uid || copy.producer_pid != peer.pid) {
-    return refuse("its segment names pid " + std::to_string(copy.producer_pid) + " / uid " +
-                  std::to_string(copy.producer_uid) + ", but the socket's peer is pid " +
-                  std::to_string(peer.pid) + " / uid " + std::to_string(peer.uid));
-  }
-  if (std::string(copy.job_id) != job_id || copy.rank != rank) {
-    return refuse("its segment is for job " + std::string(copy.job_id) + ", rank " +
-                  std::to_string(copy.rank));
-  }
-  if (copy.batches_per_epoch == 0) return refuse("its segment says an epoch has no batches");
-  m.g = copy.geometry;
-  m.info.geometry = copy.geometry;
+  NL_RETURN_IF_ERROR(m.MapSegment(segment, peer, job_id, rank, &copy));
   m.info.job_id = job_id;
   m.info.rank = rank;
-  m.info.producer_pid = peer.pid;
-  m.info.batches_per_epoch = copy.batches_per_epoch;
-  m.info.epochs = copy.epochs;
-  m.taken.reset(new std::atomic<uint64_t>[m.g.slot_count]());
-  m.attached_ns = MonotonicNs();
-  {
-    RingLock lock = TryLockFor(m.h->control, 1000);
-    if (!lock.owns()) return refuse("its ring's lock stayed held for 1 s");
-    m.h->consumer_pid = ::getpid();
-    m.generation = m.h->control.request_id;
-    if (m.generation == 0) {  // no seek yet: the producer starts where it was told
-      m.have_next = true;
-      m.next_epoch = copy.first_epoch;
-      m.next_batch = copy.first_batch;
-    }
-  }
+  NL_RETURN_IF_ERROR(m.Adopt(copy, peer.pid));
   return std::unique_ptr<RingClient>(new RingClient(std::move(impl)));
 }
 
@@ -240,62 +338,8 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
     {
       RingLock lock = TryLockFor(m.h->control, kSliceMs);
       if (lock.owns()) {
-        Control& c = m.h->control;
-        const uint64_t pos = c.consumed;
-        const uint32_t slot = static_cast<uint32_t>(pos % m.g.slot_count);
-        SlotHeader* s = m.Slot(slot);
-        const uint64_t holding = m.taken[slot].load();
-        if (holding != 0) {  // our own batch occupies the slot the next one needs
-          return Status::FailedPrecondition(
-              "the next batch goes into the slot of a batch this consumer still holds (ring "
-              "position " + std::to_string(holding - 1) + "): release it first");
-        }
-        if (s->state == static_cast<uint32_t>(SlotState::kReady) && s->position == pos) {
-          ++c.consumed;
-          if (s->generation != generation) {  // published before our seek: drop it
-            s->state = static_cast<uint32_t>(SlotState::kFree);
-            Wake(c.on_free, c.producer_waiting);
-            continue;
-          }
-          s->state = static_cast<uint32_t>(SlotState::kTaken);
-          const BatchMeta meta = s->meta;
-          lock.unlock();
-          if (meta.size == 0 || meta.size > m.g.batch_size) {
-            return Status::Corruption(m.who + " published a batch of " +
-                                      std::to_string(meta.size) + " samples into a ring of " +
-                                      std::to_string(m.g.batch_size));
-          }
-          char* base = reinterpret_cast<char*>(s);
-          RingBatch b;
-          b.pixels = base + m.g.pixels_offset;
-          b.labels = reinterpret_cast<const int64_t*>(base + m.g.labels_offset);
-          b.indices = reinterpret_cast<const int64_t*>(base + m.g.indices_offset);
-          b.size = meta.size;
-          b.slot = slot;
-          b.epoch = meta.epoch;
-          b.batch = meta.batch;
-          b.position = pos;
-          b.wait_s = waited_s;
-          std::lock_guard local(m.mu);
-          b.sequence = m.sequence++;
-          m.taken[slot] = pos + 1;
-          ++m.held;
-          m.have_next = true;
-          m.next_epoch = meta.epoch + (meta.batch + 1 >= m.info.batches_per_epoch ? 1 : 0);
-          m.next_batch = (meta.batch + 1) % m.info.batches_per_epoch;
-          return b;
-        }
-        const auto state = static_cast<ProducerState>(c.state);
-        if (state == ProducerState::kError || state == ProducerState::kStopped) {
-          return m.Gone();
-        }
-        if (state == ProducerState::kEnd && c.serving_request == generation) {
-          return Status::OutOfRange(m.who + " has served its last epoch");
-        }
-        if (peer_closed) return m.Gone();
-        const auto w0 = Clock::now();
-        SleepUntilWoken(lock, c.on_publish, c.consumer_waiting, kSliceMs);
-        waited_s += Since(w0);
+        std::optional<Result<RingBatch>> got = m.TakeOrWait(lock, generation, peer_closed, &waited_s);
+        if (got.has_value()) return std::move(*got);
       } else if (peer_closed) {
         return m.Gone();  // it died holding the lock: nothing in the ring can be trusted
       }

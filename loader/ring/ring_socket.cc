@@ -153,11 +153,10 @@ Status ReceiveMessage(int fd, int timeout_ms, Message* m, Fd* received) {
       for (size_t i = 0; i < count; ++i) {
         int passed = -1;
         std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        Fd owned(passed);  // closed here unless handed on
         if (!got_fd && received != nullptr) {
-          *received = Fd(passed);
+          *received = std::move(owned);
           got_fd = true;
-        } else {
-          ::close(passed);
         }
       }
     }

@@ -4,14 +4,18 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <thread>
+
+#include "base/thread.h"
 
 #include "formats/manifest.h"
 #include "loader/pipeline/sampler.h"
@@ -90,333 +94,466 @@ std::string SignalName(int sig) {
   return s ? s : "signal " + std::to_string(sig);
 }
 
-}  // namespace
+// The ring's shape, from the split and the transform.
+struct RingShape {
+  uint64_t batches_per_epoch = 0;
+  ring::Geometry geometry;
+};
 
-Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
-  auto log = [&](const std::string& line) {
-    if (cfg.log) {
-      cfg.log(line);
-    } else {
-      std::cerr << line << "\n";
-    }
-  };
-  ServiceReport local_report;
-  if (report == nullptr) report = &local_report;
-  const PipelineConfig& pc0 = cfg.pipeline;
-  const std::string who = "loader serve for job " + cfg.job_id + ", rank " +
-                          std::to_string(pc0.rank) + " (pid " + std::to_string(::getpid()) + ")";
-
-  // The ring's shape, from the split and the transform.
-  NL_ASSIGN_OR_RETURN(const Manifest manifest, LoadManifest(pc0.data_dir));
-  const SplitInfo* split = manifest.FindSplit(pc0.split);
+Result<RingShape> ShapeOfRing(const PipelineConfig& pc) {
+  NL_ASSIGN_OR_RETURN(const Manifest manifest, LoadManifest(pc.data_dir));
+  const SplitInfo* split = manifest.FindSplit(pc.split);
   if (split == nullptr) {
-    return Status::NotFound("split '" + pc0.split + "' is not in " + pc0.data_dir);
+    return Status::NotFound("split '" + pc.split + "' is not in " + pc.data_dir);
   }
   SamplerConfig sc;
   sc.dataset_size = split->num_samples;
-  sc.rank = pc0.rank;
-  sc.world = pc0.world;
-  sc.seed = pc0.seed;
-  sc.shuffle = pc0.shuffle;
-  sc.drop_last = pc0.drop_last;
-  sc.batch_size = pc0.batch_size;
-  sc.drop_last_batch = pc0.drop_last_batch;
+  sc.rank = pc.rank;
+  sc.world = pc.world;
+  sc.seed = pc.seed;
+  sc.shuffle = pc.shuffle;
+  sc.drop_last = pc.drop_last;
+  sc.batch_size = pc.batch_size;
+  sc.drop_last_batch = pc.drop_last_batch;
   NL_ASSIGN_OR_RETURN(const DistributedSampler sampler, DistributedSampler::Create(sc));
-  const uint64_t bpe = sampler.batches_per_epoch();
-  if (bpe == 0) return Status::InvalidArgument("rank " + std::to_string(pc0.rank) + " has no batches");
-  if (pc0.start_batch >= bpe) {
-    return Status::InvalidArgument("start batch " + std::to_string(pc0.start_batch) +
+  RingShape shape;
+  shape.batches_per_epoch = sampler.batches_per_epoch();
+  const uint64_t bpe = shape.batches_per_epoch;
+  if (bpe == 0) return Status::InvalidArgument("rank " + std::to_string(pc.rank) + " has no batches");
+  if (pc.start_batch >= bpe) {
+    return Status::InvalidArgument("start batch " + std::to_string(pc.start_batch) +
                                    " is past the " + std::to_string(bpe) + " batches of an epoch");
   }
-  const TransformConfig& t = pc0.transform;
-  NL_RETURN_IF_ERROR(CheckBufferMemory(pc0.prefetch, pc0.batch_size, SampleTransform(t).SampleBytes()));
+  const TransformConfig& t = pc.transform;
+  NL_RETURN_IF_ERROR(CheckBufferMemory(pc.prefetch, pc.batch_size, SampleTransform(t).SampleBytes()));
   NL_ASSIGN_OR_RETURN(
-      const ring::Geometry geometry,
-      ring::MakeGeometry(pc0.prefetch, pc0.batch_size, static_cast<uint32_t>(t.image_size),
+      shape.geometry,
+      ring::MakeGeometry(pc.prefetch, pc.batch_size, static_cast<uint32_t>(t.image_size),
                          static_cast<uint32_t>(t.image_size),
                          t.normalize ? ring::Dtype::kFloat32 : ring::Dtype::kUint8,
                          t.layout == Layout::kNHWC ? ring::PixelLayout::kNHWC
                                                    : ring::PixelLayout::kNCHW));
-  if (geometry.sample_bytes != SampleTransform(t).SampleBytes()) {
+  if (shape.geometry.sample_bytes != SampleTransform(t).SampleBytes()) {
     return Status::Internal("ring sample size differs from the transform's");
   }
-  RingSpec spec;
-  spec.job_id = cfg.job_id;
-  spec.rank = pc0.rank;
-  spec.geometry = geometry;
-  spec.batches_per_epoch = bpe;
-  spec.epochs = pc0.epochs;
-  spec.first_epoch = pc0.start_epoch;
-  spec.first_batch = pc0.start_batch;
-  spec.log = cfg.log;
-  NL_ASSIGN_OR_RETURN(std::unique_ptr<RingProducer> producer, RingProducer::Create(spec));
-  const uint32_t slots = producer->slot_count();
-  InstallCrashReport(producer->header()->error);
-  struct Uninstall {
-    ~Uninstall() { RemoveCrashReport(); }
-  } uninstall;
-  if (cfg.on_listening) cfg.on_listening();
+  return shape;
+}
 
-  std::atomic<bool> stop{false}, attached{false}, done{false}, consumer_gone{false};
-  std::atomic<bool> detached{false};
-  std::atomic<int> stopped_by{0};
-  std::atomic<uint64_t> generation{0};
-  std::mutex mu;  // the pipeline, its source and `outstanding`
-  std::condition_variable cv;
-  std::unique_ptr<SlotSource> source;
-  std::unique_ptr<Pipeline> pipeline;
+// One run of the service. Threads: the caller's (Run: the serve loop), the
+// watcher (signals, the consumer's socket, second consumers) and the freer
+// (slots the consumer freed, back to the pipeline). Both are started from
+// the caller's thread, so they inherit its binding (the loader's cores).
+class Service {
+ public:
+  Service(const ServiceConfig& cfg, ServiceReport* report)
+      : cfg_(cfg),
+        pc0_(cfg.pipeline),
+        report_(report),
+        who_("loader serve for job " + cfg.job_id + ", rank " + std::to_string(pc0_.rank) +
+             " (pid " + std::to_string(::getpid()) + ")"),
+        end_epoch_(pc0_.epochs ? pc0_.start_epoch + pc0_.epochs : 0) {}
+  ~Service() {
+    (void)StopThreads();  // Run() reported it; an early return has nothing to add
+    if (crash_report_installed_) RemoveCrashReport();
+  }
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  Status Run() {
+    NL_RETURN_IF_ERROR(Listen());
+    NL_RETURN_IF_ERROR(StartWatcher());
+    const auto start = Clock::now();
+    Status st = WaitForConsumer();
+    if (!st.ok()) return StoppedBeforeAttach(st);
+    st = StartFreer();
+    if (st.ok()) {
+      st = Serve();
+    } else {
+      Fail(st);
+    }
+    const Status threads = StopThreads();
+    report_->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return Outcome(st, threads);
+  }
+
+ private:
   struct Out {
     uint64_t position;
     BatchView view;
   };
-  std::deque<Out> outstanding;  // published, not yet given back to the pipeline
 
-  // Watcher: signals, the consumer's connection (its close is the death
-  // notice), and second consumers on the listening socket.
-  std::thread watcher([&] {
+  void Log(const std::string& line) const {
+    if (cfg_.log) {
+      cfg_.log(line);
+    } else {
+      std::cerr << line << "\n";
+    }
+  }
+  // Ends the stream with an error the consumer reports.
+  void Fail(const Status& st) { producer_->Finish(ring::ProducerState::kError, st.ToString()); }
+
+  // Binds the socket and makes the ring; a crash from here on is told to
+  // the consumer.
+  Status Listen() {
+    NL_ASSIGN_OR_RETURN(const RingShape shape, ShapeOfRing(pc0_));
+    bpe_ = shape.batches_per_epoch;
+    geometry_ = shape.geometry;
+    RingSpec spec;
+    spec.job_id = cfg_.job_id;
+    spec.rank = pc0_.rank;
+    spec.geometry = geometry_;
+    spec.batches_per_epoch = bpe_;
+    spec.epochs = pc0_.epochs;
+    spec.first_epoch = pc0_.start_epoch;
+    spec.first_batch = pc0_.start_batch;
+    spec.log = cfg_.log;
+    NL_ASSIGN_OR_RETURN(producer_, RingProducer::Create(spec));
+    slots_ = producer_->slot_count();
+    InstallCrashReport(producer_->header()->error);
+    crash_report_installed_ = true;
+    if (cfg_.on_listening) cfg_.on_listening();
+    return Status::Ok();
+  }
+
+  // A failure of the watcher or the freer (an error, or an exception caught
+  // here) stops the service: without them it would not see its consumer
+  // die, or would not refill freed slots. Join() returns it.
+  Status Guarded(const std::string& what, const std::function<Status()>& body) {
+    const Status st = RunGuarded(body);
+    if (!st.ok()) {
+      Fail(st.WithContext(what));
+      stop_ = true;
+      cv_.notify_all();
+    }
+    return st;
+  }
+
+  Status StartWatcher() {
+    NL_ASSIGN_OR_RETURN(watcher_, Thread::Start("nl-watch", [this] {
+                          return Guarded("socket watcher", [this] { return Watch(); });
+                        }));
+    return Status::Ok();
+  }
+
+  // Signals, the consumer's connection (its close is the death notice), and
+  // second consumers on the listening socket, until done_.
+  Status Watch() {
     Clock::time_point gone_at{};
-    while (!done.load()) {
-      const int sig = cfg.stop_signal ? cfg.stop_signal->load() : 0;
-      if (sig != 0 && stopped_by.load() == 0) {
-        stopped_by = sig;
-        producer->Finish(ring::ProducerState::kStopped, "stopped by " + SignalName(sig));
-        stop = true;
-        cv.notify_all();
-      }
+    while (!done_.load()) {
+      NoticeStopSignal();
       pollfd fds[2] = {{-1, 0, 0}, {-1, 0, 0}};
-      if (attached.load()) {
+      if (attached_.load()) {
         // Once the consumer is gone its socket polls ready at once: stop
-        // watching it (no spinning while the main loop winds down).
-        if (!consumer_gone.load()) fds[0] = {producer->connection_fd(), POLLIN | POLLRDHUP, 0};
-        fds[1] = {producer->listen_fd(), POLLIN, 0};
+        // watching it (no spinning while the serve loop winds down).
+        if (!consumer_gone_.load()) fds[0] = {producer_->connection_fd(), POLLIN | POLLRDHUP, 0};
+        fds[1] = {producer_->listen_fd(), POLLIN, 0};
       }
       ::poll(fds, 2, 50);
-      if (attached.load() && !consumer_gone.load() && fds[0].revents != 0) {
-        bool said_bye = false;
-        if (producer->ConsumerGone(&said_bye)) {
-          detached = said_bye;
-          consumer_gone = true;
-          stop = true;
-          gone_at = Clock::now();
-          cv.notify_all();
-        }
+      if (attached_.load() && !consumer_gone_.load() && fds[0].revents != 0) {
+        NoticeConsumerGone(&gone_at);
       }
-      if (fds[1].revents & POLLIN) producer->RefuseOne();
-      if (consumer_gone.load() && Clock::now() - gone_at > std::chrono::seconds(1)) {
+      if (fds[1].revents & POLLIN) producer_->RefuseOne();
+      if (consumer_gone_.load() && Clock::now() - gone_at > std::chrono::seconds(1)) {
         // The pipeline is stuck inside a batch (slow storage): nothing of
         // ours outlives the process (the segment and socket have no name).
-        log(who + ": the consumer is gone; exiting without waiting for the batch in progress");
+        Log(who_ + ": the consumer is gone; exiting without waiting for the batch in progress");
         std::fflush(nullptr);
-        std::_Exit(detached.load() ? 0 : 1);
+        std::_Exit(detached_.load() ? 0 : 1);
       }
     }
-  });
-  struct JoinAtEnd {
-    std::atomic<bool>* done;
-    std::thread* t;
-    std::condition_variable* cv;
-    ~JoinAtEnd() {
-      done->store(true);
-      cv->notify_all();
-      if (t->joinable()) t->join();
-    }
-  };
-
-  Status result;
-  const auto start = Clock::now();
-  {
-    JoinAtEnd join_watcher{&done, &watcher, &cv};
-    const Status waited = producer->WaitForConsumer(cfg.attach_timeout_s, &stop);
-    if (!waited.ok()) {
-      if (stopped_by.load() != 0) {
-        return Status::Aborted(who + " was stopped by " + SignalName(stopped_by.load()) +
-                               " before a consumer attached");
-      }
-      return waited;
-    }
-    report->consumer_pid = producer->consumer_pid();
-    log(who + ": consumer pid " + std::to_string(report->consumer_pid) + " attached (" +
-        std::to_string(slots) + " slots of " + std::to_string(geometry.slot_bytes >> 10) + " KiB)");
-    attached = true;
-
-    // Freer: gives slots the consumer freed back to the pipeline at once, so
-    // it refills while the consumer computes; notices seeks.
-    std::atomic<bool> freer_done{false};
-    std::thread freer([&] {
-      while (!freer_done.load()) {
-        producer->WaitForConsumerEvent(0.05);
-        std::lock_guard lock(mu);
-        for (auto it = outstanding.begin(); it != outstanding.end();) {
-          if (producer->IsFree(it->position)) {
-            const Status st = pipeline->Release(it->view);
-            if (!st.ok()) log(who + ": " + st.ToString());
-            it = outstanding.erase(it);
-          } else {
-            ++it;
-          }
-        }
-        cv.notify_all();
-      }
-    });
-    struct JoinFreer {
-      std::atomic<bool>* done;
-      std::thread* t;
-      ~JoinFreer() {
-        done->store(true);
-        if (t->joinable()) t->join();
-      }
-    } join_freer{&freer_done, &freer};
-
-    const uint64_t end_epoch = pc0.epochs ? pc0.start_epoch + pc0.epochs : 0;
-    uint64_t run_epoch = pc0.start_epoch, run_batch = pc0.start_batch, delivered = 0;
-    auto open = [&](uint64_t epoch, uint64_t batch) -> Status {
-      PipelineConfig pc = pc0;
-      pc.start_epoch = epoch;
-      pc.start_batch = batch;
-      pc.epochs = end_epoch ? end_epoch - epoch : 0;
-      auto src = std::make_unique<SlotSource>(producer.get(), producer->published());
-      pc.buffers = src.get();
-      NL_ASSIGN_OR_RETURN(auto p, Pipeline::Open(pc));
-      std::lock_guard lock(mu);
-      source = std::move(src);
-      pipeline = std::move(p);
-      run_epoch = epoch;
-      run_batch = batch;
-      delivered = 0;
-      return Status::Ok();
-    };
-    auto close_pipeline = [&] {
-      std::lock_guard lock(mu);
-      pipeline.reset();  // joins its workers: no one writes the slots after this
-      source.reset();
-      outstanding.clear();
-    };
-    result = open(pc0.start_epoch, pc0.start_batch);
-    if (!result.ok()) producer->Finish(ring::ProducerState::kError, result.ToString());
-    bool ended = false;
-    Clock::time_point full_since{};
-    bool warned = false;
-    while (result.ok() && !stop.load()) {
-      const RingProducer::Request req = producer->request();
-      if (req.id != generation.load()) {
-        close_pipeline();
-        producer->SetActivity(ring::Activity::kRestarting, req.epoch, req.batch);
-        const Status st = producer->Reclaim(req.id, -1, &stop);
-        if (!st.ok()) break;  // stopped, or the consumer is gone
-        if (req.batch >= bpe ||
-            (end_epoch && (req.epoch < pc0.start_epoch || req.epoch >= end_epoch))) {
-          result = Status::InvalidArgument("the consumer asked for epoch " +
-                                           std::to_string(req.epoch) + ", batch " +
-                                           std::to_string(req.batch) + ", outside what " + who +
-                                           " serves");
-          producer->Finish(ring::ProducerState::kError, result.ToString());
-          break;
-        }
-        generation = req.id;
-        ended = false;
-        result = open(req.epoch, req.batch);
-        if (!result.ok()) {
-          producer->Finish(ring::ProducerState::kError, result.ToString());
-        }
-        continue;
-      }
-      if (ended) {
-        std::unique_lock lock(mu);
-        cv.wait_for(lock, std::chrono::milliseconds(50));
-        continue;
-      }
-      {
-        std::unique_lock lock(mu);
-        // The pipeline writes its batch `delivered` into the buffer of batch
-        // delivered - K, so that one must be back. (The consumer may release
-        // out of order: a count of outstanding batches is not enough.)
-        if (!outstanding.empty() && outstanding.front().view.sequence + slots <= delivered) {
-          if (full_since == Clock::time_point{}) full_since = Clock::now();
-          producer->SetActivity(ring::Activity::kWaitingForSlot);
-          cv.wait_for(lock, std::chrono::milliseconds(50));
-          const double held_s = std::chrono::duration<double>(Clock::now() - full_since).count();
-          if (!warned && cfg.stall_warning_s >= 0 && held_s > cfg.stall_warning_s) {
-            warned = true;
-            log(who + ": the consumer (pid " + std::to_string(report->consumer_pid) +
-                ") has held all " + std::to_string(slots) + " slots for " +
-                std::to_string(static_cast<int>(held_s)) + " s without releasing one");
-          }
-          continue;
-        }
-      }
-      full_since = {};
-      warned = false;
-      const uint64_t pos = run_batch + delivered;
-      // Before the simulated delay: a consumer that gives up waiting learns
-      // which batch was in the making (not a stale "waiting for a consumer").
-      producer->SetActivity(ring::Activity::kFilling, run_epoch + pos / bpe, pos % bpe);
-      if (cfg.delay_per_batch_ms > 0) {  // a deliberately slow loader (--simulate-delay-ms)
-        const auto until = Clock::now() + std::chrono::duration<double, std::milli>(
-                                              cfg.delay_per_batch_ms);
-        while (!stop.load() && Clock::now() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
-        if (stop.load()) continue;
-      }
-      Result<BatchView> view = pipeline->Next();
-      if (!view.ok()) {
-        if (view.status().code() == StatusCode::kOutOfRange) {
-          producer->Finish(ring::ProducerState::kEnd, "");
-          log(who + ": served its last epoch (" + std::to_string(end_epoch - 1) +
-              "); waiting for the consumer to seek or detach");
-          ended = true;
-          continue;
-        }
-        result = view.status();
-        producer->Finish(ring::ProducerState::kError, result.ToString());
-        break;
-      }
-      ++delivered;
-      std::lock_guard lock(mu);
-      const uint64_t position = producer->published();
-      BatchMeta meta;
-      meta.sequence = view->sequence;
-      meta.epoch = view->epoch;
-      meta.batch = view->batch;
-      meta.size = view->size;
-      const Status published = producer->Publish(meta, generation.load());
-      if (!published.ok()) {
-        if (!consumer_gone.load()) result = published;
-        break;
-      }
-      outstanding.push_back({position, *view});
-      ++report->batches;
-      report->images += view->size;
-    }
-    freer_done = true;
-    if (freer.joinable()) freer.join();
-    close_pipeline();
+    return Status::Ok();
   }
-  report->seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  {
-    // The main loop may have seen the consumer go before the watcher did.
+
+  void NoticeStopSignal() {
+    const int sig = cfg_.stop_signal ? cfg_.stop_signal->load() : 0;
+    if (sig != 0 && stopped_by_.load() == 0) {
+      stopped_by_ = sig;
+      producer_->Finish(ring::ProducerState::kStopped, "stopped by " + SignalName(sig));
+      stop_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  void NoticeConsumerGone(Clock::time_point* gone_at) {
     bool said_bye = false;
-    if (!consumer_gone.load() && producer->ConsumerGone(&said_bye)) {
-      consumer_gone = true;
-      detached = said_bye;
+    if (producer_->ConsumerGone(&said_bye)) {
+      detached_ = said_bye;
+      consumer_gone_ = true;
+      stop_ = true;
+      *gone_at = Clock::now();
+      cv_.notify_all();
     }
   }
-  report->detached = detached.load();
-  if (!result.ok()) return result.WithContext(who);
-  if (stopped_by.load() != 0) {
-    return Status::Aborted(who + " was stopped by " + SignalName(stopped_by.load()));
+
+  Status WaitForConsumer() {
+    NL_RETURN_IF_ERROR(producer_->WaitForConsumer(cfg_.attach_timeout_s, &stop_));
+    report_->consumer_pid = producer_->consumer_pid();
+    Log(who_ + ": consumer pid " + std::to_string(report_->consumer_pid) + " attached (" +
+        std::to_string(slots_) + " slots of " + std::to_string(geometry_.slot_bytes >> 10) +
+        " KiB)");
+    attached_ = true;
+    return Status::Ok();
   }
-  if (consumer_gone.load() && !detached.load() && !producer->refusal().empty()) {
-    return Status::FailedPrecondition(who + ": the consumer (pid " +
-                                      std::to_string(report->consumer_pid) +
-                                      ") refused the ring: " + producer->refusal());
+
+  Status StoppedBeforeAttach(const Status& waited) {
+    const Status threads = StopThreads();
+    if (stopped_by_.load() != 0) {
+      return Status::Aborted(who_ + " was stopped by " + SignalName(stopped_by_.load()) +
+                             " before a consumer attached");
+    }
+    if (!threads.ok()) return threads.WithContext(who_);
+    return waited;
   }
-  if (consumer_gone.load() && !detached.load()) {
-    return Status::Unavailable(who + ": the consumer (pid " + std::to_string(report->consumer_pid) +
-                               ") went away without detaching (killed, or crashed); " +
-                               std::to_string(report->batches) + " batches were served");
+
+  Status StartFreer() {
+    NL_ASSIGN_OR_RETURN(freer_, Thread::Start("nl-free", [this] {
+                          return Guarded("slot freer", [this] {
+                            while (!freer_done_.load()) {
+                              producer_->WaitForConsumerEvent(0.05);
+                              GiveBackFreedSlots();
+                            }
+                            return Status::Ok();
+                          });
+                        }));
+    return Status::Ok();
   }
-  return Status::Ok();
+
+  // Gives slots the consumer freed back to the pipeline at once, so it
+  // refills while the consumer computes; wakes the serve loop (a seek).
+  void GiveBackFreedSlots() {
+    std::lock_guard lock(mu_);
+    for (auto it = outstanding_.begin(); it != outstanding_.end();) {
+      if (producer_->IsFree(it->position)) {
+        const Status st = pipeline_->Release(it->view);
+        if (!st.ok()) Log(who_ + ": " + st.ToString());
+        it = outstanding_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Joins the freer, closes the pipeline, then joins the watcher (which
+  // still sees a consumer go while the pipeline closes); the first failure
+  // of either thread. Idempotent.
+  Status StopThreads() {
+    freer_done_ = true;
+    Status st = freer_.Join();
+    ClosePipeline();
+    done_ = true;
+    cv_.notify_all();
+    const Status watched = watcher_.Join();
+    return st.ok() ? watched : st;
+  }
+
+  // The serve loop, until the stream fails, the service is stopped, or the
+  // consumer goes. Its error (the stream's), or ok.
+  Status Serve() {
+    result_ = OpenPipeline(pc0_.start_epoch, pc0_.start_batch);
+    if (!result_.ok()) Fail(result_);
+    while (result_.ok() && !stop_.load()) {
+      const RingProducer::Request req = producer_->request();
+      if (req.id != generation_.load()) {
+        if (!Restart(req)) break;
+      } else if (ended_) {
+        std::unique_lock lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+      } else if (!WaitedForOldestSlot() && !ServeOneBatch()) {
+        break;
+      }
+    }
+    return result_;
+  }
+
+  Status OpenPipeline(uint64_t epoch, uint64_t batch) {
+    PipelineConfig pc = pc0_;
+    pc.start_epoch = epoch;
+    pc.start_batch = batch;
+    pc.epochs = end_epoch_ ? end_epoch_ - epoch : 0;
+    auto src = std::make_unique<SlotSource>(producer_.get(), producer_->published());
+    pc.buffers = src.get();
+    NL_ASSIGN_OR_RETURN(auto p, Pipeline::Open(pc));
+    std::lock_guard lock(mu_);
+    source_ = std::move(src);
+    pipeline_ = std::move(p);
+    run_epoch_ = epoch;
+    run_batch_ = batch;
+    delivered_ = 0;
+    return Status::Ok();
+  }
+
+  void ClosePipeline() {
+    std::lock_guard lock(mu_);
+    pipeline_.reset();  // joins its workers: no one writes the slots after this
+    source_.reset();
+    outstanding_.clear();
+  }
+
+  // A seek: drops the batches in flight, takes back the ring, and opens a
+  // pipeline at the position asked for. False when serving ends here.
+  bool Restart(const RingProducer::Request& req) {
+    ClosePipeline();
+    producer_->SetActivity(ring::Activity::kRestarting, req.epoch, req.batch);
+    if (!producer_->Reclaim(req.id, -1, &stop_).ok()) return false;  // stopped, or the consumer is gone
+    if (req.batch >= bpe_ ||
+        (end_epoch_ && (req.epoch < pc0_.start_epoch || req.epoch >= end_epoch_))) {
+      result_ = Status::InvalidArgument("the consumer asked for epoch " + std::to_string(req.epoch) +
+                                        ", batch " + std::to_string(req.batch) + ", outside what " +
+                                        who_ + " serves");
+      Fail(result_);
+      return false;
+    }
+    generation_ = req.id;
+    ended_ = false;
+    result_ = OpenPipeline(req.epoch, req.batch);
+    if (!result_.ok()) Fail(result_);
+    return true;
+  }
+
+  // The pipeline writes its batch `delivered_` into the buffer of batch
+  // delivered_ - K, so that one must be back (the consumer may release out
+  // of order: a count of outstanding batches is not enough). True when it
+  // is not, after waiting a slice for it.
+  bool WaitedForOldestSlot() {
+    std::unique_lock lock(mu_);
+    if (outstanding_.empty() || outstanding_.front().view.sequence + slots_ > delivered_) {
+      full_since_ = {};
+      warned_ = false;
+      return false;
+    }
+    if (full_since_ == Clock::time_point{}) full_since_ = Clock::now();
+    producer_->SetActivity(ring::Activity::kWaitingForSlot);
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    const double held_s = std::chrono::duration<double>(Clock::now() - full_since_).count();
+    if (!warned_ && cfg_.stall_warning_s >= 0 && held_s > cfg_.stall_warning_s) {
+      warned_ = true;
+      Log(who_ + ": the consumer (pid " + std::to_string(report_->consumer_pid) +
+          ") has held all " + std::to_string(slots_) + " slots for " +
+          std::to_string(static_cast<int>(held_s)) + " s without releasing one");
+    }
+    return true;
+  }
+
+  // Fills the next batch and publishes it. False when serving ends here.
+  bool ServeOneBatch() {
+    const uint64_t pos = run_batch_ + delivered_;
+    // Before the simulated delay: a consumer that gives up waiting learns
+    // which batch was in the making (not a stale "waiting for a consumer").
+    producer_->SetActivity(ring::Activity::kFilling, run_epoch_ + pos / bpe_, pos % bpe_);
+    if (!SimulateDelay()) return true;  // stopped: the loop sees it
+    Result<BatchView> view = pipeline_->Next();
+    if (!view.ok()) {
+      if (view.status().code() == StatusCode::kOutOfRange) {
+        producer_->Finish(ring::ProducerState::kEnd, "");
+        Log(who_ + ": served its last epoch (" + std::to_string(end_epoch_ - 1) +
+            "); waiting for the consumer to seek or detach");
+        ended_ = true;
+        return true;
+      }
+      result_ = view.status();
+      Fail(result_);
+      return false;
+    }
+    ++delivered_;
+    return Publish(*view);
+  }
+
+  // A deliberately slow loader (--simulate-delay-ms). False when stopped
+  // during the delay.
+  bool SimulateDelay() {
+    if (cfg_.delay_per_batch_ms <= 0) return true;
+    const auto until =
+        Clock::now() + std::chrono::duration<double, std::milli>(cfg_.delay_per_batch_ms);
+    while (!stop_.load() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return !stop_.load();
+  }
+
+  bool Publish(const BatchView& view) {
+    std::lock_guard lock(mu_);
+    const uint64_t position = producer_->published();
+    BatchMeta meta;
+    meta.sequence = view.sequence;
+    meta.epoch = view.epoch;
+    meta.batch = view.batch;
+    meta.size = view.size;
+    const Status published = producer_->Publish(meta, generation_.load());
+    if (!published.ok()) {
+      if (!consumer_gone_.load()) result_ = published;
+      return false;
+    }
+    outstanding_.push_back({position, view});
+    ++report_->batches;
+    report_->images += view.size;
+    return true;
+  }
+
+  // What the run comes to, after the threads have stopped: the stream's
+  // error, a thread's failure, a stop signal, or how the consumer left.
+  Status Outcome(const Status& served, const Status& threads) {
+    // The serve loop may have seen the consumer go before the watcher did.
+    bool said_bye = false;
+    if (!consumer_gone_.load() && producer_->ConsumerGone(&said_bye)) {
+      consumer_gone_ = true;
+      detached_ = said_bye;
+    }
+    report_->detached = detached_.load();
+    if (!served.ok()) return served.WithContext(who_);
+    if (!threads.ok()) return threads.WithContext(who_);
+    if (stopped_by_.load() != 0) {
+      return Status::Aborted(who_ + " was stopped by " + SignalName(stopped_by_.load()));
+    }
+    const std::string consumer = "the consumer (pid " + std::to_string(report_->consumer_pid) + ")";
+    if (consumer_gone_.load() && !detached_.load() && !producer_->refusal().empty()) {
+      return Status::FailedPrecondition(who_ + ": " + consumer + " refused the ring: " +
+                                        producer_->refusal());
+    }
+    if (consumer_gone_.load() && !detached_.load()) {
+      return Status::Unavailable(who_ + ": " + consumer +
+                                 " went away without detaching (killed, or crashed); " +
+                                 std::to_string(report_->batches) + " batches were served");
+    }
+    return Status::Ok();
+  }
+
+  const ServiceConfig& cfg_;
+  const PipelineConfig& pc0_;
+  ServiceReport* report_;
+  const std::string who_;
+  const uint64_t end_epoch_;
+  uint64_t bpe_ = 0;
+  ring::Geometry geometry_;
+  uint32_t slots_ = 0;
+  std::unique_ptr<RingProducer> producer_;
+  bool crash_report_installed_ = false;
+
+  std::atomic<bool> stop_{false}, attached_{false}, done_{false}, consumer_gone_{false};
+  std::atomic<bool> detached_{false}, freer_done_{false};
+  std::atomic<int> stopped_by_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::mutex mu_;  // the pipeline, its source and outstanding_
+  std::condition_variable cv_;
+  std::unique_ptr<SlotSource> source_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::deque<Out> outstanding_;  // published, not yet given back to the pipeline
+
+  // The serve loop's own state (its thread only).
+  Status result_;
+  uint64_t run_epoch_ = 0, run_batch_ = 0, delivered_ = 0;
+  bool ended_ = false, warned_ = false;
+  Clock::time_point full_since_{};
+
+  Thread watcher_, freer_;  // last: joined (~Service) before the state they use goes
+};
+
+}  // namespace
+
+Status RunService(const ServiceConfig& cfg, ServiceReport* report) {
+  ServiceReport local_report;
+  Service service(cfg, report != nullptr ? report : &local_report);
+  return service.Run();
 }
 
 }  // namespace nl
