@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "base/thread.h"
 #include "loader/ring/client.h"
 #include "loader/ring/producer.h"
 #include "loader/staging/staging.h"
@@ -65,12 +66,15 @@ class BenchProducer {
       for (uint64_t k = 0; k < pixel_bytes; ++k) b.pixels[k] = static_cast<uint8_t>(k * 7 + s);
       for (uint32_t i = 0; i < a.batch; ++i) b.labels[i] = b.indices[i] = i;
     }
-    p->thread_ = std::thread([q = p.get(), count, batch = a.batch] { q->Run(count, batch); });
+    NL_ASSIGN_OR_RETURN(p->thread_, nl::Thread::Start("nl-bench-prod", [q = p.get(), count, batch = a.batch] {
+                          q->Run(count, batch);
+                          return nl::Status::Ok();
+                        }));
     return p;
   }
   ~BenchProducer() {
     stop_ = true;
-    if (thread_.joinable()) thread_.join();
+    (void)thread_.Join();
   }
 
  private:
@@ -97,7 +101,7 @@ class BenchProducer {
 
   std::unique_ptr<nl::RingProducer> ring_;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  nl::Thread thread_;
 };
 
 // Bytes one batch moves: pixels, labels and indices.

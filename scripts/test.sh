@@ -26,7 +26,7 @@ tests_regex=""
 if [ "${1:-}" = "--tsan" ]; then
   build_dir=build-tsan
   cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNL_TSAN=ON)
-  tests_regex='^(WorkerPool|Thread|Pipeline|PipelineContract|Sampler|Ring|Staging)[A-Za-z]*\.'
+  tests_regex='^(WorkerPool|Thread|ServiceThreads|Pipeline|PipelineContract|Sampler|Ring|Staging)[A-Za-z]*\.'
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 fi
 
@@ -36,7 +36,7 @@ read -r -a extra_args <<<"${NL_CMAKE_ARGS:-}"
 cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" ${extra_args[@]+"${extra_args[@]}"} >/dev/null
 cd "$build_dir"
 if [ -n "$tests_regex" ]; then
-  cmake --build . -j "$jobs" --target base_test formats_test loader_pipeline_test ring_test staging_test
+  cmake --build . -j "$jobs" --target base_test formats_test loader_pipeline_test ring_test service_test staging_test
   ctest -j "$jobs" --output-on-failure --timeout 600 -R "$tests_regex"
 else
   cmake --build . -j "$jobs"

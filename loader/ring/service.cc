@@ -106,16 +106,8 @@ Result<RingShape> ShapeOfRing(const PipelineConfig& pc) {
   if (split == nullptr) {
     return Status::NotFound("split '" + pc.split + "' is not in " + pc.data_dir);
   }
-  SamplerConfig sc;
-  sc.dataset_size = split->num_samples;
-  sc.rank = pc.rank;
-  sc.world = pc.world;
-  sc.seed = pc.seed;
-  sc.shuffle = pc.shuffle;
-  sc.drop_last = pc.drop_last;
-  sc.batch_size = pc.batch_size;
-  sc.drop_last_batch = pc.drop_last_batch;
-  NL_ASSIGN_OR_RETURN(const DistributedSampler sampler, DistributedSampler::Create(sc));
+  NL_ASSIGN_OR_RETURN(const DistributedSampler sampler,
+                      DistributedSampler::Create(SamplerConfigFor(pc, split->num_samples)));
   RingShape shape;
   shape.batches_per_epoch = sampler.batches_per_epoch();
   const uint64_t bpe = shape.batches_per_epoch;
