@@ -6,6 +6,8 @@
 # end (kill -9 of a rank, of a loader service, of the launcher; Ctrl-C), with
 # no process, socket or segment left behind.
 # Usage: trainer_cli_test.sh PACK_TOOL TRAINER
+# Parts (NL_TEST_PART, see cli_lib.sh): main, disk-full (mounts a tmpfs),
+# traced (slows a rank down with strace's fault injection).
 set -uo pipefail
 PT=$1
 TR=$2
@@ -41,14 +43,17 @@ maxdiff() { $PY -c "import numpy as n,sys; a=n.fromfile(sys.argv[1],n.float32); 
 # lt X LIMIT: X is a number below LIMIT.
 lt() { $PY -c "import sys; sys.exit(0 if sys.argv[1] != 'size' and float(sys.argv[1]) < float(sys.argv[2]) else 1)" "$1" "$2"; }
 
-"$PT" fake-cifar100 "$W/c100" --train 2000 --test 400 --seed 0 >/dev/null &&
-  "$PT" cifar100 "$W/c100" "$W/p" >/dev/null && ok "a 2000-image CIFAR-100 shard set" ||
-  fail "could not make the shard set"
-"$PT" fake-cifar100 "$W/s100" --train 400 --test 100 --seed 1 >/dev/null &&
-  "$PT" cifar100 "$W/s100" "$W/s" >/dev/null && ok "a 400-image one" || fail "could not make the small set"
+setup "a 2000-image CIFAR-100" "$PT" fake-cifar100 "$W/c100" --train 2000 --test 400 --seed 0
+setup "its shard set" "$PT" cifar100 "$W/c100" "$W/p"
+if part main; then
+  setup "a 400-image CIFAR-100" "$PT" fake-cifar100 "$W/s100" --train 400 --test 100 --seed 1
+  setup "its shard set" "$PT" cifar100 "$W/s100" "$W/s"
+fi
 
 SMALL=(--model smallcnn --image-size 32 --allow-shared-cores --report-every 0)
+RUN1=(--data "$W/p" "${SMALL[@]}" --max-steps 2 --timeout 8)
 
+if part main; then
 # --- four ranks, the table, the metrics and the chart --------------------------
 next_port
 expect_rc_stdout 0 "4 ranks train one epoch" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 4 \
@@ -320,9 +325,13 @@ else
 fi
 kill -9 $S 2>/dev/null
 nothing_left "trainer-$PORT-" "after a stopped loader service"
+fi  # part main
+
 # A full disk (a 200 KiB tmpfs, where this machine lets the test mount one).
 mkdir -p "$W/small"
-if mount -t tmpfs -o size=200k tmpfs "$W/small" 2>/dev/null; then
+if ! part disk-full; then
+  :
+elif mount -t tmpfs -o size=200k tmpfs "$W/small" 2>/dev/null; then
   dd if=/dev/zero of="$W/small/fill" bs=1k count=150 2>/dev/null
   next_port
   expect_rc 1 "a checkpoint on a full disk" "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 3 \
@@ -339,8 +348,10 @@ if mount -t tmpfs -o size=200k tmpfs "$W/small" 2>/dev/null; then
     "fails, naming what it could not write"
   umount "$W/small"
 else
-  ok "(no tmpfs mount allowed here: the full-disk checks are skipped)"
+  skip "the full-disk checks (no tmpfs mount allowed here)"
 fi
+
+if part main; then
 # nohup: an ignored SIGHUP stays ignored.
 next_port
 start_training nohup nohup "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 300 --master-port "$PORT"
@@ -360,7 +371,6 @@ expect_text "last seen filling a batch (reading, decoding, resizing) (epoch 0, b
 expect_out "rank 1 waiting for data from its loader for [0-9.]+ s" "rank 0 says whom it waited for"
 
 # Ranks started by hand with inconsistent variables.
-RUN1=(--data "$W/p" "${SMALL[@]}" --max-steps 2 --timeout 8)
 next_port
 env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" >"$W/ws0.out" 2>&1 &
 WS0=$!
@@ -372,12 +382,16 @@ expect_out "this rank has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2" \
 wait "$WS0"
 check_rc $? 1 "and rank 0 fails too"
 if grep -q "rank 1 has WORLD_SIZE=3 but this rank (0) has 2" "$W/ws0.out"; then ok "saying so"; else fail "rank 0: $(cat "$W/ws0.out")"; fi
+fi  # part main
+
 # The same with every socket call of rank 1 delayed 30 ms (strace's fault
 # injection): rank 0 must not find the mismatch, and end the store, before
 # rank 1 has read rank 0's WORLD_SIZE (CI saw rank 1 say only "lost the
 # rendezvous store" under ASan). LeakSanitizer cannot run under ptrace: off
 # for that process.
-if strace -qq -o /dev/null true 2>/dev/null; then
+if ! part traced; then
+  :
+elif strace -qq -o /dev/null true 2>/dev/null; then
   next_port
   # (Rank 0 waits up to 60 s, not 8, for the traced rank to come: it ends as
   # soon as it sees the mismatch, and tracing makes a slow start slower.)
@@ -391,8 +405,10 @@ if strace -qq -o /dev/null true 2>/dev/null; then
   wait "$WS0"
   check_rc $? 1 "and rank 0 fails too"
 else
-  ok "(strace cannot trace here: the slow-rank WORLD_SIZE check is skipped)"
+  skip "the slow-rank WORLD_SIZE check (strace cannot trace here)"
 fi
+
+if part main; then
 next_port
 expect_rc 1 "rank 0 of 3 alone" env RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" --timeout 3
 expect_text "waited 3 s at the rendezvous 127.0.0.1:$PORT for ranks 1 and 2 of 3" "names the ranks that never came"
@@ -546,5 +562,8 @@ if [ "$nodes" -le 1 ]; then
   expect_rc 1 "--misbind-rank on a machine with one NUMA node" "$TR" --data "$W/p" "${SMALL[@]}" \
     --nproc-per-node 2 --max-steps 2 --misbind-rank 1 --master-port "$PORT"
   expect_text "no wrong node to bind to" "is refused, saying why"
+else
+  skip "--misbind-rank's refusal on a machine of one NUMA node (this one has $nodes)"
 fi
+fi  # part main
 finish

@@ -53,6 +53,7 @@ CommFailure ByText(std::string_view t) {
            "Socket unexpectedly closed",
            "Broken pipe",                // strerror(EPIPE)
            "Connection refused",         // strerror(ECONNREFUSED)
+           "NCCL communicator was aborted",  // ProcessGroupNCCL, after another rank's failure
        }) {
     if (Contains(t, lost)) return CommFailure::kPeerLost;
   }

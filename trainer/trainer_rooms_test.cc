@@ -334,6 +334,13 @@ TEST(TrainerCommFailure, GlooLostPeers) {
             CommFailure::kOther);
 }
 
+TEST(TrainerCommFailure, NcclAbortsAreLostPeers) {
+  // ProcessGroupNCCL's watchdog, once another rank failed (CUDA LibTorch only).
+  EXPECT_EQ(ClassifyCommFailure(TorchError("NCCL communicator was aborted on rank 1.  Original reason for failure "
+                                           "was: NCCL error: remote process exited or there was a network error")),
+            CommFailure::kPeerLost);
+}
+
 TEST(TrainerCommFailure, LibTorchTimeouts) {
   EXPECT_EQ(ClassifyCommFailure(TorchError("Operation timed out!")), CommFailure::kTimeout);  // Work::wait
   EXPECT_EQ(ClassifyCommFailure(TorchError("Socket Timeout")), CommFailure::kTimeout);       // TCPStore
