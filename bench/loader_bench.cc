@@ -689,34 +689,30 @@ class IndexFile {
     // Mode 0600: what the tools write is their user's only.
     nl::Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!fd.valid()) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
-    FILE* f = ::fdopen(fd.get(), "w");
+    nl::FileHandle f(::fdopen(fd.get(), "w"));
     if (!f) return nl::Status::FromErrno("--record-indices: cannot open " + path, errno);
     fd.Release();  // the stream owns it now
-    return std::unique_ptr<IndexFile>(new IndexFile(path, f));
-  }
-  ~IndexFile() {
-    if (f_) std::fclose(f_);
+    return std::unique_ptr<IndexFile>(new IndexFile(path, std::move(f)));
   }
   IndexFile(const IndexFile&) = delete;
   IndexFile& operator=(const IndexFile&) = delete;
   void WriteLine(const std::string& line) {
     if (errno_ != 0) return;
-    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fputc('\n', f_) == EOF)
+    if (std::fwrite(line.data(), 1, line.size(), f_.get()) != line.size() || std::fputc('\n', f_.get()) == EOF)
       errno_ = errno ? errno : EIO;
   }
   nl::Status Close() {
-    if (std::fflush(f_) != 0 && errno_ == 0) errno_ = errno ? errno : EIO;
-    if (std::fclose(f_) != 0 && errno_ == 0) errno_ = errno ? errno : EIO;
-    f_ = nullptr;
+    if (std::fflush(f_.get()) != 0 && errno_ == 0) errno_ = errno ? errno : EIO;
+    if (std::fclose(f_.release()) != 0 && errno_ == 0) errno_ = errno ? errno : EIO;
     if (errno_ != 0)
       return nl::Status::FromErrno("--record-indices: cannot write " + path_, errno_);
     return nl::Status::Ok();
   }
 
  private:
-  IndexFile(std::string path, FILE* f) : path_(std::move(path)), f_(f) {}
+  IndexFile(std::string path, nl::FileHandle f) : path_(std::move(path)), f_(std::move(f)) {}
   std::string path_;
-  FILE* f_;
+  nl::FileHandle f_;
   int errno_ = 0;
 };
 

@@ -75,12 +75,14 @@ std::string NodeList(uint64_t bits) {
   return s.empty() ? "?" : s;
 }
 
-Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding>& b,
-                 const std::vector<int>& previous) {
-  Verdict v;
-  if (t.size() < 2) return v;
+namespace {
+
+// The slowest rank by the rule in diagnostics.h (its data wait more than
+// twice the others' median, over 10% of its step and at least 1 ms), or -1;
+// *others_median: the others' median data wait.
+int FindStraggler(const std::vector<RankTiming>& t, double* others_median) {
   int worst = -1;
-  double worst_data = 0, others_median = 0;
+  double worst_data = 0;
   for (size_t i = 0; i < t.size(); ++i) {
     std::vector<double> others;
     for (size_t j = 0; j < t.size(); ++j) {
@@ -92,69 +94,69 @@ Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding
     if (slow && d > worst_data) {
       worst = static_cast<int>(i);
       worst_data = d;
-      others_median = med;
+      *others_median = med;
     }
   }
-  if (worst < 0) return v;
-  const RankTiming& s = t[static_cast<size_t>(worst)];
-  v.straggler = s.rank;
-  const RankBinding* sb = Find(b, s.rank);
-  RankBinding none;
-  if (!sb) sb = &none;
+  return worst;
+}
 
-  std::ostringstream o;
-  const double share = s.step_ms.mean > 0 ? 100.0 * s.data_ms.mean / s.step_ms.mean : 0;
-  o << "Rank " << s.rank << " is the straggler: it waits " << Ms(s.data_ms.mean)
-    << " ms a step for data (" << static_cast<int>(std::lround(share)) << "% of its "
-    << Ms(s.step_ms.mean) << " ms step) against " << Ms(others_median)
-    << " ms on the other ranks (median). ";
-  // Where its loader should be, where it is bound, and where it ran.
-  const int should = sb->planned_node;
-  const bool bound_elsewhere = sb->loader_node >= 0 && should >= 0 && sb->loader_node != should;
-  const uint64_t expected_bits =
-      sb->loader_node >= 0 ? (uint64_t{1} << sb->loader_node) : 0;
-  const bool ran_elsewhere =
-      s.ran_on_nodes != 0 && expected_bits != 0 && (s.ran_on_nodes & ~expected_bits) != 0;
+// Bound to another node than its plan's, or ran there: the sentence's rest.
+void SayBindingCause(const RankTiming& s, const RankBinding& b, bool bound_elsewhere, std::ostringstream& o) {
+  const int should = b.planned_node;
   const std::string where_should =
-      sb->gpu >= 0 ? "its GPU (cuda:" + std::to_string(sb->gpu) + ") is on node " +
-                         std::to_string(should)
-                   : "its plan puts it on node " + std::to_string(should);
-  if (bound_elsewhere || ran_elsewhere) {
-    v.cause = "binding";
-    if (bound_elsewhere) {
-      o << "Its loader runs on NUMA node " << sb->loader_node << " (cpus " << sb->loader_cpus
-        << ") while " << where_should << ": a binding problem";
-      if (sb->misbound) o << " (made on purpose with --misbind-rank " << s.rank << ")";
-      o << ". Bind its loader to node " << should
-        << " (the default plan does; `loader topo` shows it).";
-    } else {
-      o << "Its loader is bound to node " << sb->loader_node << " but its threads ran on node(s) "
-        << NodeList(s.ran_on_nodes) << ": a binding problem (something overrode the binding: "
-        << "taskset, cgroups or numactl around the job). Let the plan bind it.";
-    }
-  } else if (sb->simulated_delay_ms > 0) {
-    v.cause = "simulated";
-    o << "Its loader is bound right (node " << (sb->loader_node >= 0 ? std::to_string(sb->loader_node) : "unbound")
-      << ") but was slowed on purpose: --simulate-slow-rank " << s.rank << " --delay-ms "
-      << Ms(sb->simulated_delay_ms) << " sleeps that long before each batch.";
+      b.gpu >= 0 ? "its GPU (cuda:" + std::to_string(b.gpu) + ") is on node " + std::to_string(should)
+                 : "its plan puts it on node " + std::to_string(should);
+  if (bound_elsewhere) {
+    o << "Its loader runs on NUMA node " << b.loader_node << " (cpus " << b.loader_cpus << ") while "
+      << where_should << ": a binding problem";
+    if (b.misbound) o << " (made on purpose with --misbind-rank " << s.rank << ")";
+    o << ". Bind its loader to node " << should << " (the default plan does; `loader topo` shows it).";
   } else {
-    v.cause = "capacity";
-    o << "Its loader is bound right (";
-    if (sb->loader_node >= 0) {
-      o << "node " << sb->loader_node << ", cpus " << sb->loader_cpus;
-    } else {
-      o << "unbound";
-    }
-    o << ") but its " << sb->loader_threads << " thread" << (sb->loader_threads == 1 ? "" : "s")
-      << " cannot keep up with the step rate: a capacity problem. Give it more loader threads "
-         "(--loader-threads) or cores, or resize on the device (--resize-on device).";
-    bool moved = false;
-    for (int p : previous) moved = moved || (p >= 0 && p != s.rank);
-    if (moved) o << " The straggler moves between ranks from epoch to epoch, as capacity stragglers do.";
+    o << "Its loader is bound to node " << b.loader_node << " but its threads ran on node(s) "
+      << NodeList(s.ran_on_nodes) << ": a binding problem (something overrode the binding: "
+      << "taskset, cgroups or numactl around the job). Let the plan bind it.";
   }
-  v.sentence = o.str();
+}
 
-  // The others wait for it in the all-reduce.
+// Bound right but too slow for the step rate.
+void SayCapacityCause(const RankTiming& s, const RankBinding& b, const std::vector<int>& previous,
+                      std::ostringstream& o) {
+  o << "Its loader is bound right (";
+  if (b.loader_node >= 0) {
+    o << "node " << b.loader_node << ", cpus " << b.loader_cpus;
+  } else {
+    o << "unbound";
+  }
+  o << ") but its " << b.loader_threads << " thread" << (b.loader_threads == 1 ? "" : "s")
+    << " cannot keep up with the step rate: a capacity problem. Give it more loader threads "
+       "(--loader-threads) or cores, or resize on the device (--resize-on device).";
+  bool moved = false;
+  for (int p : previous) moved = moved || (p >= 0 && p != s.rank);
+  if (moved) o << " The straggler moves between ranks from epoch to epoch, as capacity stragglers do.";
+}
+
+// The cause (binding, simulated, capacity), said after the sentence's start.
+std::string SayCause(const RankTiming& s, const RankBinding& b, const std::vector<int>& previous,
+                     std::ostringstream& o) {
+  const bool bound_elsewhere = b.loader_node >= 0 && b.planned_node >= 0 && b.loader_node != b.planned_node;
+  const uint64_t expected_bits = b.loader_node >= 0 ? (uint64_t{1} << b.loader_node) : 0;
+  const bool ran_elsewhere = s.ran_on_nodes != 0 && expected_bits != 0 && (s.ran_on_nodes & ~expected_bits) != 0;
+  if (bound_elsewhere || ran_elsewhere) {
+    SayBindingCause(s, b, bound_elsewhere, o);
+    return "binding";
+  }
+  if (b.simulated_delay_ms > 0) {
+    o << "Its loader is bound right (node " << (b.loader_node >= 0 ? std::to_string(b.loader_node) : "unbound")
+      << ") but was slowed on purpose: --simulate-slow-rank " << s.rank << " --delay-ms "
+      << Ms(b.simulated_delay_ms) << " sleeps that long before each batch.";
+    return "simulated";
+  }
+  SayCapacityCause(s, b, previous, o);
+  return "capacity";
+}
+
+// The others wait for it in the all-reduce: "" when that wait is under 0.5 ms.
+std::string SayWaiting(const std::vector<RankTiming>& t, const RankTiming& s) {
   std::vector<int> waiting;
   double wait_sum = 0;
   for (const RankTiming& x : t) {
@@ -163,11 +165,34 @@ Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding
     wait_sum += std::max(0.0, x.comm_ms.mean - s.comm_ms.mean);
   }
   const double wait = waiting.empty() ? 0 : wait_sum / static_cast<double>(waiting.size());
-  if (wait >= 0.5) {
-    v.waiting = Ranks(waiting) + " wait " + Ms(wait) + " ms a step in the all-reduce for rank " +
-                std::to_string(s.rank) +
-                ": their comm_time is the straggler's data wait, not the network.";
-  }
+  if (wait < 0.5) return "";
+  return Ranks(waiting) + " wait " + Ms(wait) + " ms a step in the all-reduce for rank " + std::to_string(s.rank) +
+         ": their comm_time is the straggler's data wait, not the network.";
+}
+
+}  // namespace
+
+Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding>& b,
+                 const std::vector<int>& previous) {
+  Verdict v;
+  if (t.size() < 2) return v;
+  double others_median = 0;
+  const int worst = FindStraggler(t, &others_median);
+  if (worst < 0) return v;
+  const RankTiming& s = t[static_cast<size_t>(worst)];
+  v.straggler = s.rank;
+  const RankBinding* found = Find(b, s.rank);
+  const RankBinding sb = found ? *found : RankBinding{};
+
+  std::ostringstream o;
+  const double share = s.step_ms.mean > 0 ? 100.0 * s.data_ms.mean / s.step_ms.mean : 0;
+  o << "Rank " << s.rank << " is the straggler: it waits " << Ms(s.data_ms.mean)
+    << " ms a step for data (" << static_cast<int>(std::lround(share)) << "% of its "
+    << Ms(s.step_ms.mean) << " ms step) against " << Ms(others_median)
+    << " ms on the other ranks (median). ";
+  v.cause = SayCause(s, sb, previous, o);
+  v.sentence = o.str();
+  v.waiting = SayWaiting(t, s);
   return v;
 }
 

@@ -34,7 +34,6 @@ using nl::trainer::Placement;
 // What the command line holds before it becomes Options: the options shared
 // with the loader (cli_options.h) parse into these.
 struct SharedOptions {
-  nl::JobPlanRequest plan;
   nl::TransformFlags transform;
 };
 
@@ -76,7 +75,7 @@ void AddLoaderOptions(CLI::App& app, Options& o, SharedOptions& shared) {
   nl::AddTransformOptions(&app, &o.transform, &shared.transform, nl::kTransformShape);
   app.get_option("--image-size")->description("Side of the images the model sees")->check(CLI::Range(8, 4096));
   app.add_option("--eval-split", o.eval_split, "Split evaluated each epoch")->capture_default_str();
-  nl::AddPlanOptions(&app, &shared.plan, nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
+  nl::AddPlanOptions(&app, &o.plan, nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
 }
 
 void AddTrainingOptions(CLI::App& app, Options& o) {
@@ -153,14 +152,6 @@ std::string FinishSharedOptions(const SharedOptions& shared, Options& o) {
   if (nl::Status st = nl::FinishTransformOptions(shared.transform, &o.transform); !st.ok()) {
     return st.message();
   }
-  const nl::JobPlanRequest& p = shared.plan;
-  o.gpus = p.gpus;
-  o.numa_node = p.numa_node;
-  o.cpu_affinity = p.cpu_affinity;
-  o.trainer_cores = p.trainer_cores;
-  o.allow_shared_cores = p.allow_shared_cores;
-  o.ignore_gpus = p.ignore_gpus;
-  o.no_bind = p.no_bind;
   return "";
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loader/pipeline/transforms.h"
+#include "loader/plan/job_plan.h"
 
 namespace nl::trainer {
 
@@ -38,11 +39,10 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
 
-  // Binding (the job plan's flags, as `loader serve` takes them; main.cc
-  // parses them with AddPlanOptions into a JobPlanRequest, then here).
-  std::string gpus, numa_node, cpu_affinity;
-  int trainer_cores = 1;
-  bool allow_shared_cores = false, ignore_gpus = false, no_bind = false;
+  // Binding: the job plan's options as `loader serve` takes them (parsed by
+  // AddPlanOptions; nproc and CUDA_VISIBLE_DEVICES are filled in where the
+  // plan is made, PlanRequest).
+  JobPlanRequest plan;
 
   // Training.
   std::string model = "resnet18";  // resnet18, resnet50, smallcnn (no batch norm)

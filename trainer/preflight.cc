@@ -153,15 +153,8 @@ Status LockOne(const std::string& path, const std::string& what, OutputLock* loc
 }  // namespace
 
 JobPlanRequest PlanRequest(const Options& o, int local_world) {
-  JobPlanRequest rq;
+  JobPlanRequest rq = o.plan;
   rq.nproc = local_world;
-  rq.gpus = o.gpus;
-  rq.numa_node = o.numa_node;
-  rq.cpu_affinity = o.cpu_affinity;
-  rq.trainer_cores = o.trainer_cores;
-  rq.allow_shared_cores = o.allow_shared_cores;
-  rq.ignore_gpus = o.ignore_gpus;
-  rq.no_bind = o.no_bind;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) rq.cuda_visible_devices = v;
   return rq;
 }

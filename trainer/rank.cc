@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "base/child_process.h"
+#include "base/fd.h"
 #include "base/file_util.h"
 #include "formats/manifest.h"
 #include "loader/plan/affinity.h"
@@ -70,9 +71,6 @@ struct StepTimes {
 class Rank {
  public:
   Rank(const Options& o, const Placement& p) : o_(o), p_(p) {}
-  ~Rank() {
-    if (metrics_) std::fclose(metrics_);
-  }
   Rank(const Rank&) = delete;
   Rank& operator=(const Rank&) = delete;
   int Run();
@@ -152,7 +150,7 @@ class Rank {
   std::vector<int> previous_stragglers_;
   Schedule schedule_;
   OutputLock lock_;  // rank 0 outside our launcher (which holds it otherwise)
-  std::FILE* metrics_ = nullptr;
+  FileHandle metrics_;  // flushed after each write
   int64_t step_ = 0;
   int64_t images_all_ = 0;  // taken from the loader by this rank
   int64_t sync_checks_ = 0;
@@ -201,7 +199,7 @@ void Rank::OpenOutputs() {
   if (Status s = CreatePrivateFile(o_.metrics_out); !s.ok()) {
     throw RankError("cannot write --metrics-out: " + s.message());
   }
-  metrics_ = std::fopen(o_.metrics_out.c_str(), o_.resume.empty() ? "w" : "a");
+  metrics_.reset(std::fopen(o_.metrics_out.c_str(), o_.resume.empty() ? "w" : "a"));
   if (!metrics_) throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
 }
 
@@ -237,8 +235,8 @@ void Rank::Plan() {
     rq.allow_shared_cores = true;
     JobPlan bad = Take(MakeJobPlan(rq), "cannot plan the misbinding");
     loader_plan_ = bad.plan.ranks[static_cast<size_t>(p_.local_rank)];
-    o_.numa_node = nodes;
-    o_.allow_shared_cores = true;
+    o_.plan.numa_node = nodes;
+    o_.plan.allow_shared_cores = true;
   }
   have_process_cpus_ = sched_getaffinity(0, sizeof process_cpus_, &process_cpus_) == 0;
   if (job_.plan.binds && !mine_.trainer_cpus.empty()) {
@@ -567,14 +565,13 @@ void Rank::Finish() {
                   3 * g_.ring_size * g_.ring_size);
     Say(line);
   }
-  if (metrics_) std::fclose(metrics_);
-  metrics_ = nullptr;
+  metrics_.reset();
   if (p_.rank == 0) Say("trainer: done, " + std::to_string(step_) + " steps");
 }
 
 void Rank::WriteMetrics(const std::string& lines) {
   if (!metrics_) return;
-  if (std::fputs(lines.c_str(), metrics_) < 0 || std::fflush(metrics_) != 0) {
+  if (std::fputs(lines.c_str(), metrics_.get()) < 0 || std::fflush(metrics_.get()) != 0) {
     throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
   }
 }

@@ -408,11 +408,11 @@ TEST(TrainerServeArgs, PassesTheRanksOptions) {
   o.prefetch = 3;
   o.seed = 5;
   o.epochs = 4;
-  o.trainer_cores = 2;
+  o.plan.trainer_cores = 2;
   o.loader_threads = 6;
-  o.numa_node = "1,0";
-  o.allow_shared_cores = true;
-  o.no_bind = true;
+  o.plan.numa_node = "1,0";
+  o.plan.allow_shared_cores = true;
+  o.plan.no_bind = true;
   o.delay_ms = 150;
   Placement p;
   p.job_id = "trainer-1-x";
@@ -448,8 +448,8 @@ TEST(TrainerServeArgs, PassesTheRanksOptions) {
   EXPECT_TRUE(Has(rrc, "--no-flip"));
   EXPECT_FALSE(Has(rrc, "--simulate-delay-ms"));
   o.transform.train = false;
-  o.gpus = "0,1";
-  o.ignore_gpus = true;
+  o.plan.gpus = "0,1";
+  o.plan.ignore_gpus = true;
   const std::vector<std::string> eval = ServeArgs(o, p, "/bin/loader", TrainPipeline(o, p, 0, 0, 224), false);
   EXPECT_FALSE(Has(eval, "--augment"));
   EXPECT_EQ(ArgAfter(eval, "--gpus"), "0,1");
