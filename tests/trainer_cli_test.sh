@@ -89,13 +89,14 @@ fi
 nothing_left "trainer-$PORT-" "after a clean run"
 
 # --- the straggler ------------------------------------------------------------
-# 150 ms a batch, well above a step here under any build: at 40 ms, a step under
-# ASan on a loaded machine took as long, the slowed loader kept up, and rightly
-# nobody was named.
+# 600 ms a batch, well above a step here under any build: a slowed loader
+# that keeps up with the steps is rightly not named. At 40 ms a step under
+# ASan on a loaded machine took as long; at 150 ms too, once (CI's ASan stage
+# beside the bad-input corpus: steps of 150 ms, p95 264 ms).
 next_port
-expect_rc_stdout 0 "--simulate-slow-rank 3 --delay-ms 150" "$TR" --data "$W/p" "${SMALL[@]}" \
+expect_rc_stdout 0 "--simulate-slow-rank 3 --delay-ms 600" "$TR" --data "$W/p" "${SMALL[@]}" \
   --nproc-per-node 4 --batch-size 16 --epochs 1 --master-port "$PORT" --simulate-slow-rank 3 \
-  --delay-ms 150 --metrics-out "$W/slow.jsonl"
+  --delay-ms 600 --metrics-out "$W/slow.jsonl"
 expect_text "straggler: Rank 3 is the straggler" "rank 3 is named"
 expect_out "--simulate-slow-rank 3" "with its cause"
 expect_out "Ranks 0, 1 and 2 wait [0-9.]+ ms a step in the all-reduce for rank 3" \
