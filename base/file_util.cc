@@ -29,18 +29,25 @@ const char* FileKind(mode_t mode) {
   return "not a regular file";
 }
 
+// Opens a regular file for reading; anything else (a FIFO, a device, a
+// directory, a socket) is refused without blocking on it (O_NONBLOCK: a
+// FIFO's open would wait for a writer forever). *st: its stat.
+Result<Fd> OpenRegularForReading(const std::string& path, struct stat* st) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) return Status::FromErrno("cannot open " + path, errno);
+  if (::fstat(fd.get(), st) != 0) return Status::FromErrno("cannot stat " + path, errno);
+  if (!S_ISREG(st->st_mode)) {
+    return Status::IOError("cannot read " + path + ": it is " + FileKind(st->st_mode) +
+                           ", not a regular file");
+  }
+  return fd;
+}
+
 }  // namespace
 
 Status ReadFileInto(const std::string& path, std::vector<uint8_t>* out, uint64_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading would wait for a writer forever.
-  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) return Status::FromErrno("cannot open " + path, errno);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
-  if (!S_ISREG(st.st_mode)) {
-    return Status::IOError("cannot read " + path + ": it is " + FileKind(st.st_mode) +
-                           ", not a regular file");
-  }
+  NL_ASSIGN_OR_RETURN(const Fd fd, OpenRegularForReading(path, &st));
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     return Status::IOError("cannot read " + path + ": it is " + std::to_string(st.st_size) +
                            " bytes, more than the " + std::to_string(max_bytes) +
@@ -311,14 +318,8 @@ void FileLock::Release() {
 }
 
 Result<FileBytes> FileBytes::Map(const std::string& path) {
-  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: no wait
-  if (!fd.valid()) return Status::FromErrno("cannot open " + path, errno);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno("cannot stat " + path, errno);
-  if (!S_ISREG(st.st_mode)) {
-    return Status::IOError("cannot read " + path + ": it is " + FileKind(st.st_mode) +
-                           ", not a regular file");
-  }
+  NL_ASSIGN_OR_RETURN(const Fd fd, OpenRegularForReading(path, &st));
   FileBytes b;
   if (st.st_size > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
