@@ -560,7 +560,14 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   Consumed got;
   nl::Status st = a.consumer == "python" ? ConsumePython(a, rank, &*serve, log->get(), &got)
                                          : ConsumeCpp(a, rank, &*serve, log->get(), &got);
-  if (!st.ok()) return error(st);  // the serve is killed as it goes
+  if (!st.ok()) {
+    // The consumer has detached, so the serve ends by itself (a failed one
+    // has reported and is exiting): it is waited for, not killed half-way
+    // through its exit (a sanitizer's exit-time helper would be orphaned);
+    // one still running after kExitLimitS is killed.
+    (void)serve->WaitFor(kExitLimitS, "loader serve");
+    return error(st);
+  }
   nl::Result<nl::proc::ChildExit> served = serve->WaitFor(kExitLimitS, "loader serve");
   if (!served.ok()) return error(served.status());
   if (!served->Succeeded()) {

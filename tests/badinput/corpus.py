@@ -25,7 +25,7 @@ Usage: corpus.py BIN_DIR SCRATCH [--report FILE.md] [--detail FILE.md] [--only S
   BIN_DIR holds pack_tool, loader and loader_bench (an ASan build works).
   --show prints every run's output. Exit 0 when every check holds.
 """
-import io, json, os, re, shutil, stat, struct, subprocess, sys, tarfile, time, zlib
+import ctypes, io, json, os, re, shutil, stat, struct, subprocess, sys, tarfile, time, zlib
 
 import lmdb
 import numpy as np
@@ -53,6 +53,41 @@ rows = []  # (family, case, reader, outcome, ok)
 
 
 # --- running -----------------------------------------------------------------
+# This script adopts the orphans of its runs (PR_SET_CHILD_SUBREAPER), so a
+# process whose parent died unreaped is its to reap, whatever this machine's
+# init does: a dead one is gone, never counted as left running.
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def reap_orphans():
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def group_members(pgid):
+    """The live processes of process group PGID: 'pid state command' each."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                st = f.read()
+            fields = st[st.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "backslashreplace").strip()
+            found.append("pid %s (%s) %s" % (d, fields[0], cmd[:200]))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def run(cmd, cwd=None, user=None):
     """Runs CMD; returns (exit code, or -signal, or None on timeout), its output and peak RSS."""
     if user is not None:
@@ -74,14 +109,17 @@ def run(cmd, cwd=None, user=None):
         p.returncode = 0  # reaped here, not by Popen
         out.seek(0)
         text = out.read().decode("utf-8", "backslashreplace")
-    try:  # a process group left behind (a rank, a loader serve) is a failure too
-        os.killpg(p.pid, 0)
+    reap_orphans()
+    left = group_members(p.pid)
+    if left:  # a process group left behind (a rank, a loader serve) is a failure too
         time.sleep(1)
-        os.killpg(p.pid, 9)
-        text += "\n[corpus.py: processes of this run were still alive after it ended]"
+        try:
+            os.killpg(p.pid, 9)
+        except ProcessLookupError:
+            pass
+        reap_orphans()
+        text += "\n[corpus.py: processes of this run were still alive after it ended: %s]" % "; ".join(left)
         status = status if status is None else -999
-    except ProcessLookupError:
-        pass
     if status is None:
         return None, text, 0
     code = os.waitstatus_to_exitcode(status) if status != -999 else -999
