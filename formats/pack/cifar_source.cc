@@ -46,17 +46,30 @@ struct ArchiveDeleter {
   void operator()(archive* a) const { archive_read_free(a); }
 };
 
+// libarchive may have no words for a failure (a gzip stream cut inside its
+// header gives a null error string) and an entry may have no name: both are
+// null pointers, never to be appended to a std::string as they are.
+std::string ErrorText(archive* a) {
+  const char* s = archive_error_string(a);
+  return s ? s : "unreadable (libarchive gave no reason)";
+}
+
+std::string EntryName(archive_entry* e) {
+  const char* s = archive_entry_pathname(e);
+  return s ? s : "(no name)";
+}
+
 Status ReadFromArchive(const std::string& path, std::vector<uint8_t>* files[4]) {
   std::unique_ptr<archive, ArchiveDeleter> a(archive_read_new());
   archive_read_support_filter_all(a.get());
   archive_read_support_format_tar(a.get());
   if (archive_read_open_filename(a.get(), path.c_str(), 1 << 20) != ARCHIVE_OK) {
-    return Status::IOError("cannot open archive " + path + ": " + archive_error_string(a.get()));
+    return Status::IOError("cannot open archive " + path + ": " + ErrorText(a.get()));
   }
   archive_entry* e = nullptr;
   int rc;
   while ((rc = archive_read_next_header(a.get(), &e)) == ARCHIVE_OK) {
-    const std::string name = BaseName(archive_entry_pathname(e));
+    const std::string name = BaseName(EntryName(e));
     int which = -1;
     for (int i = 0; i < 4; ++i)
       if (name == kNames[i]) which = i;
@@ -64,7 +77,7 @@ Status ReadFromArchive(const std::string& path, std::vector<uint8_t>* files[4]) 
     std::vector<uint8_t>& out = *files[which];
     out.clear();
     const uint64_t bound = kMaxMemberBytes[which];
-    const std::string member = "archive " + path + ", member " + archive_entry_pathname(e);
+    const std::string member = "archive " + path + ", member " + EntryName(e);
     if (archive_entry_size_is_set(e)) {
       const la_int64_t declared = archive_entry_size(e);
       if (declared < 0 || static_cast<uint64_t>(declared) > bound) {
@@ -84,12 +97,11 @@ Status ReadFromArchive(const std::string& path, std::vector<uint8_t>* files[4]) 
       out.insert(out.end(), buf, buf + n);
     }
     if (n < 0) {
-      return Status::Corruption("archive " + path + ", member " + archive_entry_pathname(e) + ": " +
-                                archive_error_string(a.get()));
+      return Status::Corruption(member + ": " + ErrorText(a.get()));
     }
   }
   if (rc != ARCHIVE_EOF) {
-    return Status::Corruption("archive " + path + ": " + archive_error_string(a.get()));
+    return Status::Corruption("archive " + path + ": " + ErrorText(a.get()));
   }
   return Status::Ok();
 }

@@ -102,6 +102,19 @@ TEST(Cifar, ReadsTheTarballWithoutUnpacking) {
       << broken.ToString();
 }
 
+// Found by cifar_fuzz: a gzip stream cut inside its header, for which
+// libarchive has no error text (a null string); reading it crashed.
+TEST(Cifar, ArchiveFailingWithoutAReasonIsAnErrorNotACrash) {
+  testing::ScratchDir dir;
+  const std::string tgz = dir / "cifar-100-binary.tar.gz";
+  const unsigned char cut[] = {0x1f, 0x8b, 0x08, 0x00, 0x10, 0x6b, 0x17, 0x27,
+                               0x09, 0x1d, 0x6b, 0xe0, 0x74, 0x00, 0x00};
+  testing::WriteText(tgz, std::string(reinterpret_cast<const char*>(cut), sizeof cut));
+  Status s = ReadCifar100(tgz).status();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(tgz), std::string::npos) << s.ToString();
+}
+
 // ---- hostile archives: bounded by what CIFAR-100 can be ----
 
 // A ustar header for `name` declaring `size` bytes (base-256 when it does not
