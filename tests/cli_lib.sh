@@ -55,8 +55,8 @@ PYEOF
   )
 }
 
-ok() { passes=$((passes + 1)); echo "ok   - $1"; }
-skip() { skips=$((skips + 1)); echo "skip - $1"; }
+ok() { passes=$((passes + 1)); echo "ok   - $1 [${SECONDS} s]"; }
+skip() { skips=$((skips + 1)); echo "skip - $1 [${SECONDS} s]"; }
 # setup NAME CMD...: a step the checks need (output to $W/out): its failure
 # counts as one, its success is not a check of its own.
 setup() {
@@ -64,7 +64,7 @@ setup() {
   shift
   "$@" >"$W/out" 2>&1 || fail "$name (setup): $(tail -n 3 "$W/out")"
 }
-fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
+fail() { failures=$((failures + 1)); echo "FAIL - $1 [${SECONDS} s]"; }
 
 # expect_rc WANT NAME CMD...: runs CMD (stdout and stderr to $W/out) and checks its exit code.
 expect_rc() {

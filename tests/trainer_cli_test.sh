@@ -6,8 +6,10 @@
 # end (kill -9 of a rank, of a loader service, of the launcher; Ctrl-C), with
 # no process, socket or segment left behind.
 # Usage: trainer_cli_test.sh PACK_TOOL TRAINER
-# Parts (NL_TEST_PART, see cli_lib.sh): main, disk-full (mounts a tmpfs),
-# traced (slows a rank down with strace's fault injection).
+# Parts (NL_TEST_PART, see cli_lib.sh): main (training, resume, the user's
+# mistakes), dying (every way a job can end badly; its own part so that ctest
+# runs it beside main), disk-full (mounts a tmpfs), traced (slows a rank down
+# with strace's fault injection).
 set -uo pipefail
 PT=$1
 TR=$2
@@ -16,7 +18,15 @@ TR=$2
 export TMPDIR=$W  # torchrun's own scratch directories
 
 shm_before=$(ls -A /dev/shm | sort)
-PORT_LO=20000 PORT_HI=26000  # faults_cli, which may run beside this one, takes 26000-31999
+# Each part has ports of its own (ctest runs the parts side by side; a port
+# checked free by one part could be taken by another's job a moment later);
+# faults_cli, which may run beside them too, takes 26000-31999.
+case ${NL_TEST_PART:-} in
+  dying) PORT_LO=22000 PORT_HI=24000 ;;
+  disk-full) PORT_LO=24000 PORT_HI=25000 ;;
+  traced) PORT_LO=25000 PORT_HI=26000 ;;
+  *) PORT_LO=20000 PORT_HI=22000 ;;
+esac
 PORT=$((PORT_LO + $$ % (PORT_HI - PORT_LO)))
 
 # Nothing of a launch is left: no trainer or loader serve of its job, no
@@ -45,11 +55,18 @@ lt() { $PY -c "import sys; sys.exit(0 if sys.argv[1] != 'size' and float(sys.arg
 
 setup "a 2000-image CIFAR-100" "$PT" fake-cifar100 "$W/c100" --train 2000 --test 400 --seed 0
 setup "its shard set" "$PT" cifar100 "$W/c100" "$W/p"
-if part main; then
+if part main || part dying; then
   setup "a 400-image CIFAR-100" "$PT" fake-cifar100 "$W/s100" --train 400 --test 100 --seed 1
   setup "its shard set" "$PT" cifar100 "$W/s100" "$W/s"
 fi
 
+# rank_pid LAUNCHER RANK: the pid of that rank (a child with RANK=R in its environment).
+rank_pid() {
+  local p
+  for p in $(pgrep -P "$1"); do
+    if grep -qxz "RANK=$2" "/proc/$p/environ" 2>/dev/null; then echo "$p"; fi
+  done
+}
 SMALL=(--model smallcnn --image-size 32 --allow-shared-cores --report-every 0)
 RUN1=(--data "$W/p" "${SMALL[@]}" --max-steps 2 --timeout 8)
 
@@ -94,8 +111,9 @@ nothing_left "trainer-$PORT-" "after a clean run"
 # ASan on a loaded machine took as long; at 150 ms too, once (CI's ASan stage
 # beside the bad-input corpus: steps of 150 ms, p95 264 ms).
 next_port
-expect_rc_stdout 0 "--simulate-slow-rank 3 --delay-ms 600" "$TR" --data "$W/p" "${SMALL[@]}" \
-  --nproc-per-node 4 --batch-size 16 --epochs 1 --master-port "$PORT" --simulate-slow-rank 3 \
+# (The 400-image set: 12 steps of batch 8 a rank.)
+expect_rc_stdout 0 "--simulate-slow-rank 3 --delay-ms 600" "$TR" --data "$W/s" "${SMALL[@]}" \
+  --nproc-per-node 4 --batch-size 8 --epochs 1 --master-port "$PORT" --simulate-slow-rank 3 \
   --delay-ms 600 --metrics-out "$W/slow.jsonl"
 expect_text "straggler: Rank 3 is the straggler" "rank 3 is named"
 expect_out "--simulate-slow-rank 3" "with its cause"
@@ -194,16 +212,11 @@ expect_rc_stdout 0 "--resize-on loader at 64" "$TR" --data "$W/p" "${SMALL[@]}" 
   --nproc-per-node 2 --batch-size 16 --max-steps 5 --master-port "$PORT"
 expect_out "ring bytes per image 12288$" "12288 bytes an image"
 
+fi  # part main
+
+if part dying; then
 # --- every way a job can die ----------------------------------------------------
-LONG=(--data "$W/s" --model resnet18 --image-size 32 --allow-shared-cores --report-every 0 --nproc-per-node 4
-  --batch-size 8 --epochs 50)
-# rank_pid LAUNCHER RANK: the pid of that rank (a child with RANK=R in its environment).
-rank_pid() {
-  local p
-  for p in $(pgrep -P "$1"); do
-    if grep -qxz "RANK=$2" "/proc/$p/environ" 2>/dev/null; then echo "$p"; fi
-  done
-}
+LONG=(--data "$W/s" "${SMALL[@]}" --nproc-per-node 4 --batch-size 8 --epochs 100000)
 # start_long NAME: a long job in the background; sets $LP; waits until rank 2 trains.
 start_long() {
   next_port
@@ -222,15 +235,16 @@ killed() {
   nothing_left "trainer-$PORT-" "after kill -9 of $3"
 }
 
-# Every rank and every loader service of a 4-rank job, killed in turn.
-for r in 0 1 2 3; do
+# The first and the last rank of a 4-rank job and their loader services,
+# killed in turn (rank 0 hosts the rendezvous store; ranks 1-3 are alike).
+for r in 0 3; do
   start_long "k_rank$r"
   killed "k_rank$r" "$(rank_pid "$LP" "$r")" "rank $r" "^trainer: rank $r failed \(killed by signal 9\)"
 done
 # (A rank first takes the batches already in its ring, then finds its service
 # gone: with --prefetch 1 that is at most one more step, where the default 4
 # took 23 s of resnet18 steps under ASan.)
-for r in 0 1 2 3; do
+for r in 0 3; do
   start_long "k_serve$r" --prefetch 1
   S=$(pgrep -f -- "loader serve .*--job-id trainer-$PORT-[0-9]* --rank $r ")
   killed "k_serve$r" "$S" "rank $r's loader service" \
@@ -326,7 +340,7 @@ else
 fi
 kill -9 $S 2>/dev/null
 nothing_left "trainer-$PORT-" "after a stopped loader service"
-fi  # part main
+fi  # part dying
 
 # A full disk (a 200 KiB tmpfs, where this machine lets the test mount one).
 mkdir -p "$W/small"
@@ -352,7 +366,7 @@ else
   skip "the full-disk checks (no tmpfs mount allowed here)"
 fi
 
-if part main; then
+if part dying; then
 # nohup: an ignored SIGHUP stays ignored.
 next_port
 start_training nohup nohup "$TR" --data "$W/p" "${SMALL[@]}" --batch-size 8 --max-steps 300 --master-port "$PORT"
@@ -383,7 +397,7 @@ expect_out "this rank has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2" \
 wait "$WS0"
 check_rc $? 1 "and rank 0 fails too"
 if grep -q "rank 1 has WORLD_SIZE=3 but this rank (0) has 2" "$W/ws0.out"; then ok "saying so"; else fail "rank 0: $(cat "$W/ws0.out")"; fi
-fi  # part main
+fi  # part dying
 
 # The same with every socket call of rank 1 delayed 30 ms (strace's fault
 # injection): rank 0 must not find the mismatch, and end the store, before
@@ -417,6 +431,9 @@ expect_rc 1 "an unresolvable MASTER_ADDR" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 M
   MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" --timeout 600
 expect_text "cannot resolve MASTER_ADDR no-such-host.invalid" "fails at once, saying so"
 
+fi  # part main
+
+if part dying; then
 # Stopped mid-checkpoint (SIGTERM, SIGHUP to the launcher; SIGTERM to rank 0
 # itself): no temporary file is left; one a kill -9 left is removed next time.
 CK=(--data "$W/s" --model resnet18 --image-size 32 --allow-shared-cores --report-every 0 --nproc-per-node 2
@@ -450,6 +467,9 @@ next_port
 expect_rc 0 "the next run in that --out" "$TR" "${CK[@]}" --epochs 1 --max-steps 1 --master-port "$PORT"
 if [ -e "$W/sig/checkpoint.pt.tmp-4242" ]; then fail "a stale temporary is left"; else ok "removes a temporary a killed job left"; fi
 nothing_left "trainer-$PORT-" "after the signals"
+fi  # part dying
+
+if part main; then
 
 # --- what users get wrong -------------------------------------------------------
 expect_rc 105 "--model vgg16 is refused" "$TR" --data "$W/p" --model vgg16
@@ -526,7 +546,9 @@ expect_text "trainer rank 0: error: cannot write the outputs: Invalid argument: 
 # clearly, naming the first; the first is not disturbed.
 next_port
 FIRST_PORT=$PORT
-start_training first "$TR" "${LONG[@]}" --epochs 3 --max-steps 30 --master-port "$PORT" --out "$W/shared" \
+# (resnet18 on 4 ranks: slow enough to outlast the four jobs tried beside it.)
+start_training first "$TR" --data "$W/s" --model resnet18 --image-size 32 --allow-shared-cores --report-every 0 \
+  --nproc-per-node 4 --batch-size 8 --epochs 3 --max-steps 30 --master-port "$PORT" --out "$W/shared" \
   --metrics-out "$W/shared.jsonl"
 FIRST=$BG
 expect_rc 1 "a second job on the same --master-port" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
