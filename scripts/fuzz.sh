@@ -32,7 +32,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNL_FUZZ=ON >/dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only -DNDEBUG" \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only -DNDEBUG" -DNL_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]}"
 rm -rf build-fuzz/fuzz-seeds
 /usr/bin/python3 tests/fuzz/make_seeds.py build-fuzz/fuzz-seeds
