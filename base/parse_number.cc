@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 namespace nl {
 namespace {
@@ -71,6 +72,28 @@ Result<uint64_t> ParseUint(std::string_view text, std::string_view what, uint64_
                            uint64_t max) {
   if (!text.empty() && text[0] == '-') return OutOfRange(what, text, min, max);
   return ParseWhole<uint64_t>(text, what, min, max);
+}
+
+Result<uint64_t> ParseByteSize(std::string_view text, std::string_view what, uint64_t max) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const std::string_view unit = text.substr(digits);
+  int shift = -1;
+  static constexpr std::pair<std::string_view, int> kUnits[] = {
+      {"", 0},     {"B", 0},  {"K", 10},   {"KiB", 10}, {"M", 20},
+      {"MiB", 20}, {"G", 30}, {"GiB", 30}, {"T", 40},   {"TiB", 40}};
+  for (const auto& [name, s] : kUnits)
+    if (unit == name) shift = s;
+  if (digits == 0 || shift < 0) {
+    return Status::InvalidArgument(Quote(what, text) +
+                                   " is not a size (a whole number of bytes, or with K, M, G, T)");
+  }
+  NL_ASSIGN_OR_RETURN(uint64_t n, ParseUint(text.substr(0, digits), what, 0, UINT64_MAX));
+  if (n > (max >> shift)) {
+    return Status::OutOfRange(Quote(what, text) + " is more than " + std::to_string(max) +
+                              " bytes");
+  }
+  return n << shift;
 }
 
 Result<double> ParseDouble(std::string_view text, std::string_view what, double min, double max) {

@@ -23,6 +23,10 @@ Result<int64_t> ParseInt(std::string_view text, std::string_view what, int64_t m
 // Like ParseInt, for the full unsigned 64-bit range (no sign accepted).
 Result<uint64_t> ParseUint(std::string_view text, std::string_view what, uint64_t min,
                            uint64_t max);
+// A size in bytes: a whole number, optionally with a binary unit (K, M, G,
+// T, or KiB, MiB, GiB, TiB: 1024-based), "512M", "2GiB", "0"; at most max
+// bytes.
+Result<uint64_t> ParseByteSize(std::string_view text, std::string_view what, uint64_t max);
 // A finite decimal floating-point number in [min, max].
 Result<double> ParseDouble(std::string_view text, std::string_view what, double min, double max);
 

@@ -62,5 +62,21 @@ TEST(ParseNumber, SplitKeepsEmptyItems) {
   EXPECT_EQ(SplitText("", ','), (std::vector<std::string_view>{""}));
 }
 
+TEST(ParseNumber, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("0", "--io-memory", UINT64_MAX), 0u);
+  EXPECT_EQ(*ParseByteSize("4096", "--io-memory", UINT64_MAX), 4096u);
+  EXPECT_EQ(*ParseByteSize("512M", "--io-memory", UINT64_MAX), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("2GiB", "--io-memory", UINT64_MAX), uint64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("1T", "--io-memory", UINT64_MAX), uint64_t{1} << 40);
+  for (const char* bad : {"", "M", "1.5G", "-1G", "12 M", "7X", "1g"}) {
+    Result<uint64_t> r = ParseByteSize(bad, "--io-memory", UINT64_MAX);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseByteSize("9999999T", "--io-memory", uint64_t{1} << 50).status().message(),
+            "--io-memory: '9999999T' is more than 1125899906842624 bytes");
+  EXPECT_EQ(ParseByteSize("99999999999999999999", "--io-memory", UINT64_MAX).status().code(),
+            StatusCode::kOutOfRange);
+}
+
 }  // namespace
 }  // namespace nl

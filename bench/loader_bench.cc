@@ -20,16 +20,16 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
-#include <iostream>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/child_process.h"
@@ -132,11 +132,11 @@ nl::BindReport BindRank(const nl::Topology& topo, const nl::RankPlan& plan, int 
       nl::LoaderThreadStartHook(topo, plan, rank, [rank](int w, const nl::BindReport& br) {
         if (br.cpu != nl::BindState::kApplied ||
             (br.mem != nl::BindState::kApplied && br.mem != nl::BindState::kNotRequested)) {
-          std::fprintf(stderr,
-                       "[Affinity][Rank %d] loader worker %d: cpu_binding=%s mem_binding=%s %s %s\n",
-                       rank, w, std::string(nl::BindStateName(br.cpu)).c_str(),
-                       std::string(nl::BindStateName(br.mem)).c_str(), br.cpu_detail.c_str(),
-                       br.mem_detail.c_str());
+          std::fprintf(
+              stderr, "[Affinity][Rank %d] loader worker %d: cpu_binding=%s mem_binding=%s %s %s\n",
+              rank, w, std::string(nl::BindStateName(br.cpu)).c_str(),
+              std::string(nl::BindStateName(br.mem)).c_str(), br.cpu_detail.c_str(),
+              br.mem_detail.c_str());
         }
       });
   return trainer;
@@ -203,6 +203,7 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
     r["error"] = p.status().ToString();
     return r;
   }
+  std::fprintf(stderr, "loader_bench: rank %d: %s\n", rank, (*p)->read_plan().summary.c_str());
   Loaded got;
   if (const std::string error = LoadAll(a, **p, &got); !error.empty()) r["error"] = error;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -225,6 +226,8 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   r["skipped"] = st.skipped;
   r["stage_s"] = {{"read", st.read_s}, {"decode", st.decode_s}, {"transform", st.transform_s}};
   r["prefetch_ready_mean"] = st.mean_ready;
+  r["order"] = nl::SampleOrderName((*p)->read_plan().order);
+  r["read_ahead_mib"] = static_cast<double>(st.ahead_bytes) / (1 << 20);
   r["rss_anon_mib"] = anon;
   r["rss_file_mib"] = file;
   r["buffers_mib"] =
@@ -458,7 +461,7 @@ nl::Status ConsumePython(const Args& a, int rank, nl::proc::ChildProcess* serve,
   // clang-format on
   NL_ASSIGN_OR_RETURN(nl::proc::ChildProcess py,
                       nl::proc::ChildProcess::Start(cmd, PythonChildEnvironment(pythonpath),
-                                                     py_out.get(), py_err.get()));
+                                                    py_out.get(), py_err.get()));
   nl::proc::ChildExit e;
   while (!py.Exited(&e)) {
     nl::proc::ChildExit se;
@@ -607,9 +610,8 @@ nl::Result<std::vector<RankProcess>> SpawnRanks(const Args& a) {
     nl::Fd read_end(p[0]), write_end(p[1]);
     std::vector<std::string> args = a.argv;
     args[0] = self;
-    for (const std::string& x :
-         {std::string("--parent-pid"), std::to_string(getpid()), std::string("--child-rank"),
-          std::to_string(r)}) {
+    for (const std::string& x : {std::string("--parent-pid"), std::to_string(getpid()),
+                                 std::string("--child-rank"), std::to_string(r)}) {
       args.push_back(x);
     }
     nl::Result<nl::proc::ChildProcess> child =
@@ -705,7 +707,8 @@ class IndexFile {
   IndexFile& operator=(const IndexFile&) = delete;
   void WriteLine(const std::string& line) {
     if (errno_ != 0) return;
-    if (std::fwrite(line.data(), 1, line.size(), f_.get()) != line.size() || std::fputc('\n', f_.get()) == EOF)
+    if (std::fwrite(line.data(), 1, line.size(), f_.get()) != line.size() ||
+        std::fputc('\n', f_.get()) == EOF)
       errno_ = errno ? errno : EIO;
   }
   nl::Status Close() {
@@ -927,7 +930,8 @@ int RunChild(const Args& a, const nl::JobPlan& job, bool binds) {
 }
 
 void PrintNotes(const nl::JobPlan& job, bool binds) {
-  for (const std::string& note : job.notes) std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
+  for (const std::string& note : job.notes)
+    std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
   if (!binds) std::fprintf(stderr, "loader_bench: --bind off: no rank is bound\n");
   if (!job.gpu_note.empty())
     std::fprintf(stderr, "loader_bench: note: no GPU found through CUDA: %s\n",
@@ -1020,8 +1024,9 @@ void AddBenchOptions(CLI::App* app, Args* a) {
   app->add_option("--bind", a->bind, "on: bind per the plan; off: no binding")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  app->add_option("--step-ms", a->step_ms,
-                  "Simulated compute per batch, in ms, 0..1000000 (0: consume as fast as possible)");
+  app->add_option(
+      "--step-ms", a->step_ms,
+      "Simulated compute per batch, in ms, 0..1000000 (0: consume as fast as possible)");
   app->add_option("--record-indices", a->record_indices,
                   "Write {rank, epoch, indices} JSON lines to FILE");
   app->add_flag("--json", a->json_out, "Print JSON");

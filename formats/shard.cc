@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -9,15 +10,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 
-#include "formats/crc32c.h"
 #include "base/fd.h"
 #include "base/file_util.h"
+#include "formats/crc32c.h"
 
 namespace nl {
 namespace {
@@ -308,7 +309,6 @@ void UnregisterMap(int slot) {
   g_mapped[slot].begin.store(0, std::memory_order_release);
 }
 
-
 // LMDB trusts its pages: a damaged node offset or size in a branch or leaf
 // page makes it read outside the page, the file or the map (SIGBUS,
 // SIGSEGV) before any value reaches us, and it trusts the page size in the
@@ -416,8 +416,10 @@ class TreeCheck {
     while (got < n) {
       const ssize_t r = ::pread(fd_, out + got, n - got, static_cast<off_t>(off + got));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return Status::FromErrno("reading " + what + " at byte " + std::to_string(off), errno);
-      if (r == 0) return Bad(what + " at byte " + std::to_string(off) + " lies past the end of the file");
+      if (r < 0)
+        return Status::FromErrno("reading " + what + " at byte " + std::to_string(off), errno);
+      if (r == 0)
+        return Bad(what + " at byte " + std::to_string(off) + " lies past the end of the file");
       got += static_cast<size_t>(r);
     }
     return Status::Ok();
@@ -475,7 +477,8 @@ class TreeCheck {
           return Bad(node() + "'s value runs past the page");
         }
         if (++*found > entries_) {
-          return Bad("its tree holds more records than its meta page's " + std::to_string(entries_));
+          return Bad("its tree holds more records than its meta page's " +
+                     std::to_string(entries_));
         }
       } else {
         const uint64_t child = lo | (uint64_t{hi} << 16) | (uint64_t{nflags} << 32);
@@ -552,7 +555,11 @@ Result<uint64_t> CheckDataFile(const std::string& root, const std::string& data,
 
 // Opens the environment read-only, mapping just the file (LMDB rounds up to
 // the pages in use), not the writer's reservation, so many shards fit in the
-// address space; and checks that the file LMDB opened is the one `checked`
+// address space, without the kernel's read-ahead on the map (MDB_NORDAHEAD:
+// madvise MADV_RANDOM; a record read in random order would otherwise fault in
+// ~128 KiB around it, evicting what was read before on a set bigger than
+// memory; reading ahead is the loader's, by SplitReader::ReadTxn::WillNeed);
+// and checks that the file LMDB opened is the one `checked`
 // describes (not one swapped in meanwhile).
 Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, const Fd& checked,
                                 const std::string& what) {
@@ -561,10 +568,12 @@ Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, const Fd&
   LmdbEnv env(raw);
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_set_mapsize(raw, std::max<uint64_t>(size, 1 << 20)),
                                 "mdb_env_set_mapsize"));
-  NL_RETURN_IF_ERROR(
-      LmdbStatus(mdb_env_open(raw, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0444), what));
+  NL_RETURN_IF_ERROR(LmdbStatus(
+      mdb_env_open(raw, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS | MDB_NORDAHEAD, 0444),
+      what));
   mdb_filehandle_t lfd;
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   if (mdb_env_get_fd(raw, &lfd) == MDB_SUCCESS && ::fstat(lfd, &a) == 0 &&
       ::fstat(checked.get(), &b) == 0 && (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
     return Status::Corruption(what + ": data.mdb was replaced while it was being opened");
@@ -639,7 +648,8 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   NL_ASSIGN_OR_RETURN(r->env_, OpenReadOnlyEnv(dir, size, fd, what));
   MDB_env* env = r->env_.get();
   NL_RETURN_IF_ERROR(CheckLastPage(env, size, what));
-  if (Status tree = check.Tree(); !tree.ok()) return Status::Corruption(what + ": " + tree.message());
+  if (Status tree = check.Tree(); !tree.ok())
+    return Status::Corruption(what + ": " + tree.message());
   r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
@@ -668,8 +678,8 @@ Result<ShardReader::ReadTxn> ShardReader::BeginRead() const {
 
 Status ShardReader::ReadTxn::CheckInFile(const MDB_val& v, const char* what) const {
   const auto* p = static_cast<const uint8_t*>(v.mv_data);
-  const uint64_t off = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p) -
-                                             reinterpret_cast<uintptr_t>(map_));
+  const uint64_t off =
+      static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(map_));
   if (map_ == nullptr) return Status::Ok();  // not found in /proc/self/maps: cannot tell
   if (p < map_ || off > file_bytes_ || v.mv_size > file_bytes_ - off) {
     return Status::Corruption(std::string("LMDB gives a ") + what + " of " +
@@ -779,6 +789,35 @@ Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
   Result<std::span<const uint8_t>> value = txns_[si].Get(index);
   if (!value.ok()) return value.status().WithContext(reader_->Where(index));
   return value;
+}
+
+uint64_t SplitReader::ReadTxn::WillNeed(std::span<const uint64_t> sorted_indices,
+                                        uint64_t merge_gap) {
+  static const uintptr_t kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uint64_t asked = 0;
+  uintptr_t lo = 0, hi = 0;  // the run being gathered: [lo, hi)
+  auto flush = [&] {
+    if (hi <= lo) return;
+    const uintptr_t a = lo & ~(kPage - 1);
+    // Only a hint: an error (a range the kernel will not read ahead) changes nothing.
+    (void)madvise(reinterpret_cast<void*>(a), hi - a, MADV_WILLNEED);
+    asked += hi - a;
+    lo = hi = 0;
+  };
+  for (uint64_t index : sorted_indices) {
+    Result<std::span<const uint8_t>> v = Get(index);
+    if (!v.ok() || v->empty()) continue;  // the read that needs it reports it
+    const auto b = reinterpret_cast<uintptr_t>(v->data()), e = b + v->size();
+    if (hi > lo && b >= lo && b <= hi + merge_gap) {
+      hi = std::max(hi, e);
+    } else {
+      flush();
+      lo = b;
+      hi = e;
+    }
+  }
+  flush();
+  return asked;
 }
 
 Result<RecordView> SplitReader::ReadTxn::Read(uint64_t index, const RecordLimits& limits) {

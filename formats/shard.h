@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "formats/lmdb_env.h"
 #include "formats/manifest.h"
 #include "formats/record.h"
-#include "base/status.h"
 
 namespace nl {
 
@@ -121,7 +121,7 @@ class ShardReader {
   uint64_t entries_ = 0;
   const uint8_t* map_ = nullptr;  // LMDB's map of data.mdb
   uint64_t file_bytes_ = 0;       // data.mdb's size when opened
-  int map_slot_ = -1;  // in the SIGBUS handler's table of maps
+  int map_slot_ = -1;             // in the SIGBUS handler's table of maps
 };
 
 // All shards of one split. Thread-safe to share; each thread takes its own ReadTxn.
@@ -143,6 +143,14 @@ class SplitReader {
     Result<std::span<const uint8_t>> Get(uint64_t index);
     // Get + DecodeRecord (bounds, label < classes, CRCs).
     Result<RecordView> Read(uint64_t index, const RecordLimits& limits = {});
+    // Asks the kernel to start reading these records' pages now
+    // (madvise MADV_WILLNEED: asynchronous, many requests in flight) so that
+    // reading them later does not wait on the disk. Records that lie within
+    // `merge_gap` bytes of each other in a shard's file become one request
+    // (a run of consecutive indices: one sequential read). Finding a record
+    // reads only LMDB's tree pages; a record that cannot be found is skipped
+    // (its read reports it). Returns the bytes asked for.
+    uint64_t WillNeed(std::span<const uint64_t> sorted_indices, uint64_t merge_gap = 64 << 10);
 
    private:
     friend class SplitReader;

@@ -35,6 +35,7 @@ using nl::trainer::Placement;
 // with the loader (cli_options.h) parse into these.
 struct SharedOptions {
   nl::TransformFlags transform;
+  nl::OrderFlags order;
 };
 
 void AddLaunchOptions(CLI::App& app, Options& o) {
@@ -73,6 +74,7 @@ void AddLoaderOptions(CLI::App& app, Options& o, SharedOptions& shared) {
   shared.transform.augment = true;
   shared.transform.augment_pad_crop = 4;
   nl::AddTransformOptions(&app, &o.transform, &shared.transform, nl::kTransformShape);
+  nl::AddOrderOptions(&app, &shared.order);
   app.get_option("--image-size")->description("Side of the images the model sees")->check(CLI::Range(8, 4096));
   app.add_option("--eval-split", o.eval_split, "Split evaluated each epoch")->capture_default_str();
   nl::AddPlanOptions(&app, &o.plan, nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
@@ -150,6 +152,9 @@ void AddOptions(CLI::App& app, Options& o, SharedOptions& shared) {
 // The shared options, checked, into Options ("" or the error).
 std::string FinishSharedOptions(const SharedOptions& shared, Options& o) {
   if (nl::Status st = nl::FinishTransformOptions(shared.transform, &o.transform); !st.ok()) {
+    return st.message();
+  }
+  if (nl::Status st = nl::FinishOrderOptions(shared.order, &o.order, &o.io_memory); !st.ok()) {
     return st.message();
   }
   return "";

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "loader/pipeline/pipeline.h"
 #include "loader/pipeline/transforms.h"
 #include "loader/plan/job_plan.h"
 
@@ -27,6 +29,8 @@ struct Options {
   std::string loader_bin;          // the `loader` executable; default: beside `trainer`
   uint32_t loader_threads = 0;     // 0: the plan's loader cores for the rank
   uint32_t prefetch = 4;           // ring slots / batches in flight
+  OrderChoice order = OrderChoice::kAuto;  // --order (loader/pipeline/pipeline.h)
+  std::optional<uint64_t> io_memory;        // --io-memory; unset: the loader's default
   std::string resize_on = "loader";  // loader or device
   // The train split's transform: the loader's transform options
   // (loader/cli/cli_options.h), the train transform by default (pad-crop 4

@@ -12,7 +12,8 @@ namespace nl::trainer {
 std::string LoaderBinary(const Options& o) {
   const std::string bin = o.loader_bin.empty() ? SelfDir() + "/loader" : o.loader_bin;
   if (access(bin.c_str(), X_OK) != 0) {
-    throw RankError("no loader executable at " + bin + " (build the `loader` target, or give --loader-bin)");
+    throw RankError("no loader executable at " + bin +
+                    " (build the `loader` target, or give --loader-bin)");
   }
   return bin;
 }
@@ -26,6 +27,8 @@ PipelineConfig TrainPipeline(const Options& o, const Placement& p, uint64_t star
   c.world = p.world;
   c.batch_size = o.batch_size;
   c.prefetch = o.prefetch;
+  c.order = o.order;
+  c.io_memory = o.io_memory;
   c.seed = o.seed;
   c.start_epoch = start_epoch;
   c.start_batch = start_batch;

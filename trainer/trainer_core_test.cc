@@ -414,6 +414,8 @@ TEST(TrainerServeArgs, PassesTheRanksOptions) {
   o.plan.allow_shared_cores = true;
   o.plan.no_bind = true;
   o.delay_ms = 150;
+  o.order = OrderChoice::kBlocks;
+  o.io_memory = 1 << 20;
   Placement p;
   p.job_id = "trainer-1-x";
   p.rank = 3;
@@ -430,7 +432,7 @@ TEST(TrainerServeArgs, PassesTheRanksOptions) {
            {"--local-rank", "1"}, {"--local-world-size", "2"}, {"--epochs", "3"}, {"--start-epoch", "1"},
            {"--start-batch", "7"}, {"--image-size", "32"}, {"--trainer-cores", "2"},
            {"--attach-timeout", "120"}, {"--pad-crop", "4"}, {"--threads", "6"}, {"--numa-node", "1,0"},
-           {"--simulate-delay-ms", "150"}}) {
+           {"--simulate-delay-ms", "150"}, {"--order", "blocks"}, {"--io-memory", "1048576"}}) {
     EXPECT_EQ(ArgAfter(a, flag), value) << flag;
   }
   EXPECT_TRUE(Has(a, "--augment"));

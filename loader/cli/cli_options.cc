@@ -101,6 +101,27 @@ Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
   return Status::Ok();
 }
 
+void AddOrderOptions(CLI::App* app, OrderFlags* f) {
+  app->add_option("--order", f->order,
+                  "random (a permutation each epoch), blocks (shuffled runs of consecutive "
+                  "records, mixed in memory: for data bigger than memory) or auto (random when "
+                  "the split fits in half the memory this process may use, else blocks)")
+      ->capture_default_str();
+  app->add_option("--io-memory", f->io_memory,
+                  "Bytes of records to read ahead (K, M, G suffixes; 0: none); default: an "
+                  "eighth of the memory this process may use, 64M..1G");
+}
+
+Status FinishOrderOptions(const OrderFlags& f, OrderChoice* order,
+                          std::optional<uint64_t>* io_memory) {
+  NL_ASSIGN_OR_RETURN(*order, ParseOrder(f.order));
+  io_memory->reset();
+  if (!f.io_memory.empty()) {
+    NL_ASSIGN_OR_RETURN(*io_memory, ParseByteSize(f.io_memory, "--io-memory", uint64_t{1} << 40));
+  }
+  return Status::Ok();
+}
+
 void AddPipelineOptions(CLI::App* app, PipelineConfig* c, PipelineFlags* f) {
   app->add_option("--data", c->data_dir, "Shard set directory (pack_tool output)")->required();
   app->add_option("--split", c->split, "Split")->capture_default_str();
@@ -122,11 +143,13 @@ void AddPipelineOptions(CLI::App* app, PipelineConfig* c, PipelineFlags* f) {
   app->add_option("--on-bad-record", f->on_bad_record,
                   "error (stop, naming the record) or skip (replace and count)")
       ->capture_default_str();
+  AddOrderOptions(app, &f->order);
 }
 
 Status FinishPipelineOptions(const PipelineFlags& f, PipelineConfig* c) {
   c->shuffle = !f.no_shuffle;
   NL_ASSIGN_OR_RETURN(c->on_bad_record, ParseOnBadRecord(f.on_bad_record));
+  NL_RETURN_IF_ERROR(FinishOrderOptions(f.order, &c->order, &c->io_memory));
   if (c->batch_size == 0) return Status::InvalidArgument("--batch-size must be at least 1");
   return Status::Ok();
 }

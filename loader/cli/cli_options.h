@@ -15,6 +15,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 #include "loader/pipeline/pipeline.h"
@@ -37,7 +38,8 @@ struct TransformFlags {
   bool augment_default = false;  // recorded by AddTransformOptions
 };
 enum TransformOptionSet : unsigned {
-  kTransformShape = 1,   // --image-size --resize --augment --pad-crop --random-resized-crop --no-flip
+  kTransformShape =
+      1,  // --image-size --resize --augment --pad-crop --random-resized-crop --no-flip
   kTransformOutput = 2,  // --layout --normalize --mean --std
   kTransformAll = 3,
 };
@@ -46,9 +48,20 @@ void AddTransformOptions(CLI::App* app, TransformConfig* config, TransformFlags*
 Status FinishTransformOptions(const TransformFlags& flags, TransformConfig* config);
 
 // Pipeline options (--data, --split, --batch-size, --prefetch, --seed, ...).
+// --order and --io-memory (the read order and read-ahead budget), shared by
+// the pipeline's options and the trainer's.
+struct OrderFlags {
+  std::string order = "auto";
+  std::string io_memory;  // empty: the default
+};
+void AddOrderOptions(CLI::App* app, OrderFlags* flags);
+Status FinishOrderOptions(const OrderFlags& flags, OrderChoice* order,
+                          std::optional<uint64_t>* io_memory);
+
 struct PipelineFlags {
   std::string on_bad_record = "error";
   bool no_shuffle = false;
+  OrderFlags order;
 };
 void AddPipelineOptions(CLI::App* app, PipelineConfig* config, PipelineFlags* flags);
 Status FinishPipelineOptions(const PipelineFlags& flags, PipelineConfig* config);

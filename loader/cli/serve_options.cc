@@ -67,6 +67,8 @@ void PushPipeline(std::vector<std::string>* a, const PipelineConfig& p) {
   PushIf(a, p.drop_last, "--drop-last");
   PushIf(a, p.drop_last_batch, "--drop-last-batch");
   Push(a, "--on-bad-record", OnBadRecordName(p.on_bad_record));
+  Push(a, "--order", OrderChoiceName(p.order));
+  if (p.io_memory) Push(a, "--io-memory", std::to_string(*p.io_memory));
   Push(a, "--epochs", std::to_string(p.epochs));
   Push(a, "--start-epoch", std::to_string(p.start_epoch));
   Push(a, "--start-batch", std::to_string(p.start_batch));
@@ -147,8 +149,8 @@ Result<ServeRequest> FinishServeOptions(const ServeFlags& f, EnvLookup env) {
   NL_ASSIGN_OR_RETURN(const int64_t rank, FlagOrEnv(f.rank, "--rank", "RANK", 0, 0, 1 << 20, env));
   NL_ASSIGN_OR_RETURN(const int64_t world,
                       FlagOrEnv(f.world, "--world-size", "WORLD_SIZE", 1, 1, 1 << 20, env));
-  NL_ASSIGN_OR_RETURN(const int64_t local, FlagOrEnv(f.local_rank, "--local-rank", "LOCAL_RANK",
-                                                     0, 0, kMaxLocalRanks - 1, env));
+  NL_ASSIGN_OR_RETURN(const int64_t local, FlagOrEnv(f.local_rank, "--local-rank", "LOCAL_RANK", 0,
+                                                     0, kMaxLocalRanks - 1, env));
   NL_ASSIGN_OR_RETURN(const int64_t local_world,
                       FlagOrEnv(f.local_world, "--local-world-size", "LOCAL_WORLD_SIZE", 0, 0,
                                 kMaxLocalRanks, env));

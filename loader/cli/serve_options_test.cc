@@ -1,5 +1,7 @@
 // The shared options: flags -> config -> `loader serve` argv -> the same
 // config; the transform defaults each command keeps; the sampler's arithmetic.
+#include "loader/cli/serve_options.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "loader/cli/cli_options.h"
-#include "loader/cli/serve_options.h"
 #include "loader/pipeline/pipeline.h"
 #include "loader/pipeline/sampler.h"
 
@@ -61,6 +62,8 @@ void ExpectSameRequest(const ServeRequest& x, const ServeRequest& y) {
   EXPECT_EQ(p.start_batch, q.start_batch);
   EXPECT_EQ(p.epochs, q.epochs);
   EXPECT_EQ(p.on_bad_record, q.on_bad_record);
+  EXPECT_EQ(p.order, q.order);
+  EXPECT_EQ(p.io_memory, q.io_memory);
   const TransformConfig &t = p.transform, &u = q.transform;
   EXPECT_EQ(t.image_size, u.image_size);
   EXPECT_EQ(t.resize, u.resize);
@@ -89,17 +92,74 @@ void ExpectSameRequest(const ServeRequest& x, const ServeRequest& y) {
 }
 
 TEST(ServeOptions, FlagsToArgvAndBack) {
-  const std::vector<std::string> flags = {
-      "--data", "/d/c100", "--split", "test", "--batch-size", "96", "--prefetch", "3",
-      "--seed", "17", "--no-shuffle", "--drop-last", "--drop-last-batch", "--on-bad-record",
-      "skip", "--image-size", "40", "--resize", "shorter-crop", "--augment",
-      "--random-resized-crop", "--no-flip", "--layout", "nhwc", "--normalize", "--mean",
-      "0.5,0.25,0.125", "--std", "0.229,0.224,0.225", "--job-id", "job-7", "--rank", "5",
-      "--world-size", "8", "--local-rank", "1", "--local-world-size", "4", "--epochs", "3",
-      "--start-epoch", "1", "--start-batch", "2", "--threads", "6", "--attach-timeout", "12.5",
-      "--stall-warning", "30", "--simulate-delay-ms", "0.75", "--gpus", "0,1,2,3",
-      "--numa-node", "0,0,1,1", "--cpu-affinity", "0-3;4-7;8-11;12-15", "--trainer-cores", "2",
-      "--allow-shared-cores", "--ignore-gpus", "--no-bind"};
+  const std::vector<std::string> flags = {"--data",
+                                          "/d/c100",
+                                          "--split",
+                                          "test",
+                                          "--batch-size",
+                                          "96",
+                                          "--prefetch",
+                                          "3",
+                                          "--seed",
+                                          "17",
+                                          "--no-shuffle",
+                                          "--drop-last",
+                                          "--drop-last-batch",
+                                          "--on-bad-record",
+                                          "skip",
+                                          "--order",
+                                          "blocks",
+                                          "--io-memory",
+                                          "96M",
+                                          "--image-size",
+                                          "40",
+                                          "--resize",
+                                          "shorter-crop",
+                                          "--augment",
+                                          "--random-resized-crop",
+                                          "--no-flip",
+                                          "--layout",
+                                          "nhwc",
+                                          "--normalize",
+                                          "--mean",
+                                          "0.5,0.25,0.125",
+                                          "--std",
+                                          "0.229,0.224,0.225",
+                                          "--job-id",
+                                          "job-7",
+                                          "--rank",
+                                          "5",
+                                          "--world-size",
+                                          "8",
+                                          "--local-rank",
+                                          "1",
+                                          "--local-world-size",
+                                          "4",
+                                          "--epochs",
+                                          "3",
+                                          "--start-epoch",
+                                          "1",
+                                          "--start-batch",
+                                          "2",
+                                          "--threads",
+                                          "6",
+                                          "--attach-timeout",
+                                          "12.5",
+                                          "--stall-warning",
+                                          "30",
+                                          "--simulate-delay-ms",
+                                          "0.75",
+                                          "--gpus",
+                                          "0,1,2,3",
+                                          "--numa-node",
+                                          "0,0,1,1",
+                                          "--cpu-affinity",
+                                          "0-3;4-7;8-11;12-15",
+                                          "--trainer-cores",
+                                          "2",
+                                          "--allow-shared-cores",
+                                          "--ignore-gpus",
+                                          "--no-bind"};
   Result<ServeRequest> r = ParseServe(flags);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const PipelineConfig& p = r->service.pipeline;
@@ -108,6 +168,8 @@ TEST(ServeOptions, FlagsToArgvAndBack) {
   EXPECT_EQ(p.world, 8);
   EXPECT_FALSE(p.shuffle);
   EXPECT_EQ(p.on_bad_record, OnBadRecord::kSkip);
+  EXPECT_EQ(p.order, OrderChoice::kBlocks);
+  EXPECT_EQ(p.io_memory, std::optional<uint64_t>(uint64_t{96} << 20));
   EXPECT_TRUE(p.transform.train && p.transform.random_resized_crop && !p.transform.flip);
   EXPECT_EQ(p.transform.pad_crop, 0);  // --augment with --random-resized-crop: no padding
   EXPECT_EQ(p.transform.mean[2], 0.125f);
@@ -148,8 +210,8 @@ TEST(ServeOptions, ARequestBuiltInCodeParsesBack) {
   TransformFlags tf;
   AddPipelineOptions(&app, &pc, &pf);
   AddTransformOptions(&app, &pc.transform, &tf);
-  std::vector<std::string> args = {"--data", "/d", "--augment", "--pad-crop", "4", "--image-size",
-                                   "32"};
+  std::vector<std::string> args = {"--data", "/d",           "--augment", "--pad-crop",
+                                   "4",      "--image-size", "32"};
   std::reverse(args.begin(), args.end());
   app.parse(args);
   ASSERT_TRUE(FinishPipelineOptions(pf, &pc).ok());

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -10,9 +11,10 @@
 #include <map>
 #include <mutex>
 
+#include "base/memory.h"
+#include "base/worker_pool.h"
 #include "formats/manifest.h"
 #include "formats/shard.h"
-#include "base/worker_pool.h"
 #include "loader/pipeline/sample_path.h"
 
 namespace nl {
@@ -61,6 +63,75 @@ Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t 
   return hb;
 }
 
+Result<OrderChoice> ParseOrder(const std::string& s) {
+  if (s == "auto") return OrderChoice::kAuto;
+  if (s == "random") return OrderChoice::kRandom;
+  if (s == "blocks") return OrderChoice::kBlocks;
+  return Status::InvalidArgument("unknown --order '" + s + "' (use random, blocks or auto)");
+}
+
+const char* OrderChoiceName(OrderChoice o) {
+  switch (o) {
+    case OrderChoice::kRandom:
+      return "random";
+    case OrderChoice::kBlocks:
+      return "blocks";
+    case OrderChoice::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,
+                     uint64_t memory_bytes, const std::string& memory_source) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  ReadPlan p;
+  const bool known = memory_bytes > 0;
+  const bool fits = !known || split_bytes <= memory_bytes / 2;
+  p.io_memory = c.io_memory
+                    ? *c.io_memory
+                    : (known ? std::clamp(memory_bytes / 8, 64 * kMiB, 1024 * kMiB) : 256 * kMiB);
+  const std::string sizes = "the split's " + FormatBytes(split_bytes) +
+                            (fits ? " fits" : " does not fit") + " in half of the " +
+                            FormatBytes(memory_bytes) + " this process may use (" + memory_source +
+                            ")";
+  std::string why;
+  switch (c.order) {
+    case OrderChoice::kRandom:
+      p.order = SampleOrder::kRandom;
+      why = "--order random";
+      break;
+    case OrderChoice::kBlocks:
+      p.order = SampleOrder::kBlocks;
+      why = "--order blocks";
+      break;
+    case OrderChoice::kAuto:
+      p.order = fits ? SampleOrder::kRandom : SampleOrder::kBlocks;
+      why = known ? "auto: " + sizes : "auto: this process's memory is unknown";
+      break;
+  }
+  const uint64_t mean = std::max<uint64_t>(1, samples ? split_bytes / samples : 1);
+  const uint64_t window = std::max<uint64_t>(1, p.io_memory / 2 / mean);  // samples a window holds
+  if (p.order == SampleOrder::kBlocks) {
+    p.block_samples = std::max<uint64_t>(1, window / kWindowBlocks);
+    p.window_blocks = std::max<uint64_t>(1, window / p.block_samples);
+  }
+  // Read ahead where the disk is read: a split bigger than memory, or blocks.
+  const bool ahead = p.io_memory > 0 && (!fits || p.order == SampleOrder::kBlocks);
+  if (ahead)
+    p.ahead_samples = p.order == SampleOrder::kBlocks ? p.block_samples * p.window_blocks : window;
+  p.summary = std::string("order ") + SampleOrderName(p.order) + " (" + why + ")";
+  if (p.order == SampleOrder::kBlocks) {
+    p.summary += "; blocks of " + std::to_string(p.block_samples) + " samples (" +
+                 FormatBytes(p.block_samples * mean) + "), " + std::to_string(p.window_blocks) +
+                 " a window";
+  }
+  p.summary += ahead ? "; read-ahead " + FormatBytes(p.io_memory) + " (--io-memory)"
+                     : std::string("; no read-ahead") +
+                           (p.io_memory == 0 ? " (--io-memory 0)" : " (the split fits in memory)");
+  return p;
+}
+
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
   if (s == "error") return OnBadRecord::kError;
   if (s == "skip") return OnBadRecord::kSkip;
@@ -83,6 +154,7 @@ struct Pipeline::Impl {
   PipelineConfig c;
   Manifest manifest;
   std::unique_ptr<SplitReader> reader;
+  ReadPlan plan;
   std::optional<DistributedSampler> sampler;
   std::unique_ptr<HeapBuffers> own_buffers;
   const BufferSource* buffers = nullptr;
@@ -101,6 +173,15 @@ struct Pipeline::Impl {
 
   std::mutex epoch_mu;
   std::map<uint64_t, std::shared_ptr<const std::vector<uint64_t>>> epoch_lists;
+
+  // Read-ahead (plan.ahead_samples > 0): positions of the rank's list in
+  // windows of that many; a worker starting a sample of window G makes sure
+  // windows G and G + 1 (counted over the run) were asked for.
+  std::mutex ahead_mu;                  // one worker asks at a time
+  std::atomic<uint64_t> ahead_next{0};  // the first window not yet asked for
+  std::atomic<uint64_t> ahead_bytes{0};
+  uint64_t windows_per_epoch = 1;
+  std::optional<SplitReader::ReadTxn> ahead_txn;  // guarded by ahead_mu
 
   std::vector<std::unique_ptr<WorkerStats>> wstats;
   double wait_s = 0, ready_sum = 0;  // guarded by mu
@@ -138,6 +219,36 @@ struct Pipeline::Impl {
     }
     s.remaining.store(LengthOf(g), std::memory_order_relaxed);
     s.seq.store(g, std::memory_order_release);
+  }
+
+  // Asks for window `w` of the run (window w % windows_per_epoch of epoch
+  // start_epoch + w / windows_per_epoch): its records, in index order, so
+  // that runs of consecutive records become single requests.
+  void AskWindow(uint64_t w) {
+    const uint64_t epoch = c.start_epoch + w / windows_per_epoch;
+    const uint64_t first = (w % windows_per_epoch) * plan.ahead_samples;
+    std::shared_ptr<const std::vector<uint64_t>> list = EpochList(epoch);
+    if (first >= list->size()) return;
+    const uint64_t end = std::min<uint64_t>(list->size(), first + plan.ahead_samples);
+    std::vector<uint64_t> idx(list->begin() + first, list->begin() + end);
+    std::sort(idx.begin(), idx.end());
+    idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+    if (!ahead_txn) ahead_txn.emplace(reader->BeginRead());
+    ahead_bytes.fetch_add(ahead_txn->WillNeed(idx), std::memory_order_relaxed);
+  }
+
+  // Called before a worker reads position `pos` of epoch `epoch`'s list.
+  void ReadAhead(uint64_t epoch, uint64_t pos) {
+    const uint64_t want =
+        (epoch - c.start_epoch) * windows_per_epoch + pos / plan.ahead_samples + 2;
+    if (ahead_next.load(std::memory_order_acquire) >= want) return;
+    std::unique_lock lock(ahead_mu, std::try_to_lock);
+    if (!lock.owns_lock()) return;  // another worker is asking; the next sample checks again
+    uint64_t w = ahead_next.load(std::memory_order_relaxed);
+    // Windows already passed (a resumed run, a slow start) are not asked for.
+    w = std::max(w, want - 2);
+    for (; w < want && !stop.load(std::memory_order_relaxed); ++w) AskWindow(w);
+    ahead_next.store(w, std::memory_order_release);
   }
 
   // One sample into its slot; the time of each step goes to this worker's stats.
@@ -199,6 +310,7 @@ struct Pipeline::Impl {
         list = EpochList(epoch);
         list_epoch = epoch;
       }
+      if (plan.ahead_samples) ReadAhead(epoch, b * bsz + j);
       const BatchBuffer buf = buffers->buffer(g % depth);
       uint8_t* dst = buf.pixels + j * sample_bytes;
       const uint64_t n = list->size();
@@ -297,9 +409,18 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   NL_RETURN_IF_ERROR(CheckCounts(config));
   NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
   NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
-  NL_ASSIGN_OR_RETURN(DistributedSampler sampler,
-                      DistributedSampler::Create(SamplerConfigFor(config, m.reader->size())));
+  uint64_t split_bytes = 0;
+  for (const ShardInfo& sh : m.manifest.FindSplit(config.split)->shards) split_bytes += sh.bytes;
+  const MemoryLimit mem = MemoryAvailableToProcess();
+  m.plan = PlanReading(config, m.reader->size(), split_bytes, mem.bytes, mem.source);
+  NL_ASSIGN_OR_RETURN(DistributedSampler sampler, DistributedSampler::Create(SamplerConfigFor(
+                                                      config, m.reader->size(), m.plan)));
   m.sampler.emplace(sampler);
+  if (m.plan.ahead_samples) {
+    const uint64_t per = sampler.samples_per_rank();
+    m.windows_per_epoch = std::max<uint64_t>(
+        1, per / m.plan.ahead_samples + (per % m.plan.ahead_samples != 0 ? 1 : 0));
+  }
   m.bpe = sampler.batches_per_epoch();
   if (config.start_batch >= m.bpe) {
     return Status::InvalidArgument("start batch " + std::to_string(config.start_batch) +
@@ -450,6 +571,7 @@ PipelineStats Pipeline::Stats() const {
   }
   std::lock_guard lock(m.mu);
   s.batches = m.delivered;
+  s.ahead_bytes = m.ahead_bytes.load(std::memory_order_relaxed);
   s.wait_s = m.wait_s;
   s.mean_ready = m.delivered ? m.ready_sum / m.delivered : 0;
   s.consumer_waiting = m.in_next;
@@ -458,6 +580,7 @@ PipelineStats Pipeline::Stats() const {
 }
 
 const DistributedSampler& Pipeline::sampler() const { return *impl_->sampler; }
+const ReadPlan& Pipeline::read_plan() const { return impl_->plan; }
 size_t Pipeline::sample_bytes() const { return impl_->sample_bytes; }
 uint64_t Pipeline::total_batches() const { return impl_->total; }
 

@@ -45,11 +45,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "formats/image.h"
 #include "base/status.h"
+#include "formats/image.h"
 #include "loader/pipeline/sampler.h"
 #include "loader/pipeline/transforms.h"
 
@@ -109,6 +110,17 @@ Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_byte
 enum class OnBadRecord { kError, kSkip };
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s);
 
+// --order: random (DistributedSampler's permutation), blocks (runs of
+// consecutive records, for data bigger than memory; sampler.h), or auto:
+// random when the split fits in half the memory this process may use
+// (cgroup limits included), blocks otherwise.
+enum class OrderChoice { kAuto, kRandom, kBlocks };
+Result<OrderChoice> ParseOrder(const std::string& s);
+const char* OrderChoiceName(OrderChoice o);
+// Blocks a shuffle window holds: enough that a batch of a class-sorted split
+// mixes labels as random order's does (sampler_test measures it).
+inline constexpr uint64_t kWindowBlocks = 512;
+
 struct PipelineConfig {
   std::string data_dir;
   std::string split = "train";
@@ -122,6 +134,11 @@ struct PipelineConfig {
   bool drop_last_batch = false;  // drop each epoch's last partial batch
   uint64_t start_epoch = 0, start_batch = 0;
   uint64_t epochs = 1;  // 0: until stopped
+  OrderChoice order = OrderChoice::kAuto;
+  // Bytes of records the loader may ask the kernel to read ahead (two
+  // windows of the order); unset: an eighth of the memory this process may
+  // use, 64 MiB to 1 GiB; 0: no read-ahead.
+  std::optional<uint64_t> io_memory;
   TransformConfig transform;
   OnBadRecord on_bad_record = OnBadRecord::kError;
   DecodeLimits limits;
@@ -133,11 +150,28 @@ struct PipelineConfig {
   const BufferSource* buffers = nullptr;
 };
 
+// How a pipeline reads its split: the order, its blocks and windows, and
+// how far it reads ahead; decided once at open from the config, the split's
+// size and the memory this process may use.
+struct ReadPlan {
+  SampleOrder order = SampleOrder::kRandom;
+  uint64_t block_samples = 1, window_blocks = 1;
+  // Read ahead this many positions of the rank's list at a time (the current
+  // window and the next are asked for); 0: no read-ahead.
+  uint64_t ahead_samples = 0;
+  uint64_t io_memory = 0;  // bytes two windows of records take, about
+  std::string summary;     // one line: which order and why
+};
+ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,
+                     uint64_t memory_bytes, const std::string& memory_source);
+
 // The sampler a pipeline with this config uses, over a split of
 // `dataset_size` samples: the one place a SamplerConfig is made from a
 // PipelineConfig (the pipeline, the service, preview, the trainer's batch
-// count: BatchesPerEpoch(SamplerConfigFor(c, n))).
-inline SamplerConfig SamplerConfigFor(const PipelineConfig& c, uint64_t dataset_size) {
+// count: BatchesPerEpoch(SamplerConfigFor(c, n)); the counts do not depend
+// on the order).
+inline SamplerConfig SamplerConfigFor(const PipelineConfig& c, uint64_t dataset_size,
+                                      const ReadPlan& plan = {}) {
   SamplerConfig s;
   s.dataset_size = dataset_size;
   s.rank = c.rank;
@@ -147,6 +181,9 @@ inline SamplerConfig SamplerConfigFor(const PipelineConfig& c, uint64_t dataset_
   s.drop_last = c.drop_last;
   s.batch_size = c.batch_size;
   s.drop_last_batch = c.drop_last_batch;
+  s.order = plan.order;
+  s.block_samples = plan.block_samples;
+  s.window_blocks = plan.window_blocks;
   return s;
 }
 
@@ -165,6 +202,7 @@ struct PipelineStats {
   double read_s = 0, decode_s = 0, transform_s = 0;  // summed over workers
   double wait_s = 0;                                 // consumer time blocked in Next()
   double elapsed_s = 0;
+  uint64_t ahead_bytes = 0;       // asked of the kernel to read ahead
   double mean_ready = 0;          // batches ready when Next() was called
   bool consumer_waiting = false;  // a Next() call is waiting for its batch now
   double images_per_s() const { return elapsed_s > 0 ? images / elapsed_s : 0; }
@@ -187,6 +225,7 @@ class Pipeline {
 
   PipelineStats Stats() const;
   const DistributedSampler& sampler() const;
+  const ReadPlan& read_plan() const;
   size_t sample_bytes() const;
   uint64_t total_batches() const;  // in this run; 0: unbounded
 

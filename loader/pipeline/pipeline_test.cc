@@ -119,6 +119,84 @@ TEST(Pipeline, RanksFollowTheSampler) {
   for (int i = 0; i < 100; ++i) EXPECT_GE(seen[i], 1) << i;
 }
 
+// Blocks order with read-ahead: the same bytes for any thread count and from
+// a mid-epoch start, every sample once per epoch over the ranks, and the
+// read-ahead asked the kernel for the records (it runs beside the workers).
+TEST(Pipeline, BlocksOrderWithReadAheadIsDeterministicAndExact) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 300);
+  auto config = [&](uint32_t threads, int rank, int world) {
+    PipelineConfig c = Config(dir, threads);
+    c.order = OrderChoice::kBlocks;
+    c.io_memory = 64 << 10;  // windows of ~10 records: many windows an epoch
+    c.rank = rank;
+    c.world = world;
+    return c;
+  };
+  auto one = Pipeline::Open(config(1, 0, 1));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ((*one)->read_plan().order, SampleOrder::kBlocks);
+  EXPECT_GT((*one)->read_plan().ahead_samples, 0u);
+  std::vector<Got> a = Drain(**one);
+  EXPECT_GT((*one)->Stats().ahead_bytes, 0u);
+  auto four = Pipeline::Open(config(4, 0, 1));
+  ASSERT_TRUE(four.ok());
+  EXPECT_TRUE(a == Drain(**four)) << "thread count changed the bytes";
+  PipelineConfig mid = config(3, 0, 1);
+  mid.start_epoch = 1;
+  mid.start_batch = 5;
+  mid.epochs = 1;
+  auto m = Pipeline::Open(mid);
+  ASSERT_TRUE(m.ok());
+  std::vector<Got> c = Drain(**m);
+  ASSERT_FALSE(c.empty());
+  EXPECT_TRUE(c[0] == a[19 + 5]);  // 19 batches an epoch
+  std::vector<int> seen(300, 0);
+  for (int r = 0; r < 3; ++r) {
+    PipelineConfig rc = config(2, r, 3);
+    rc.epochs = 1;
+    auto p = Pipeline::Open(rc);
+    ASSERT_TRUE(p.ok());
+    for (const Got& g : Drain(**p))
+      for (int64_t i : g.indices) ++seen[static_cast<size_t>(i)];
+  }
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(seen[i], 1) << i;
+}
+
+TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  PipelineConfig c;
+  // auto: random while the split fits in half the memory, then blocks.
+  ReadPlan fits = PlanReading(c, 1'000'000, 3 * kGiB, 24 * kGiB, "this machine's memory");
+  EXPECT_EQ(fits.order, SampleOrder::kRandom);
+  EXPECT_EQ(fits.ahead_samples, 0u);
+  EXPECT_EQ(fits.summary,
+            "order random (auto: the split's 3 GiB fits in half of the 24 GiB this process may use "
+            "(this machine's memory)); no read-ahead (the split fits in memory)");
+  ReadPlan big =
+      PlanReading(c, uint64_t{1} << 20, 4 * kGiB, kGiB, "cgroup v1 memory.limit_in_bytes of /x");
+  EXPECT_EQ(big.order, SampleOrder::kBlocks);
+  EXPECT_EQ(big.io_memory, uint64_t{128} << 20);  // an eighth of 1 GiB
+  // 64 MiB windows of 4 KiB records: 512 blocks of 32 records
+  EXPECT_EQ(big.block_samples, 32u);
+  EXPECT_EQ(big.window_blocks, 512u);
+  EXPECT_EQ(big.ahead_samples, 32u * 512u);
+  EXPECT_NE(
+      big.summary.find("order blocks (auto: the split's 4 GiB does not fit in half of the 1 GiB"),
+      std::string::npos)
+      << big.summary;
+  // Asked for: random on the big split reads ahead; --io-memory 0 does not.
+  c.order = OrderChoice::kRandom;
+  ReadPlan random = PlanReading(c, 1'000'000, 4 * kGiB, kGiB, "x");
+  EXPECT_EQ(random.order, SampleOrder::kRandom);
+  EXPECT_GT(random.ahead_samples, 0u);
+  c.io_memory = 0;
+  EXPECT_EQ(PlanReading(c, 1'000'000, 4 * kGiB, kGiB, "x").ahead_samples, 0u);
+  EXPECT_EQ(*ParseOrder("blocks"), OrderChoice::kBlocks);
+  EXPECT_EQ(ParseOrder("sequential").status().message(),
+            "unknown --order 'sequential' (use random, blocks or auto)");
+}
+
 TEST(Pipeline, EvalPixelsAreTheTransformOfTheRecord) {
   testing::ScratchDir d;
   const std::string dir = PackCifar(d, 40);
@@ -547,8 +625,7 @@ TEST(PipelineContract, TwoNextCallsAtTheEndOfTheRunBothReturn) {
   t1.join();  // (they used to join the worker pool twice: one hung for ever)
   t2.join();
   for (const Status& s : {s1, s2}) {
-    EXPECT_TRUE(s.code() == StatusCode::kOutOfRange ||
-                s.code() == StatusCode::kFailedPrecondition)
+    EXPECT_TRUE(s.code() == StatusCode::kOutOfRange || s.code() == StatusCode::kFailedPrecondition)
         << s.ToString();
   }
 }

@@ -12,6 +12,19 @@
 // The permutation is our own (Fisher-Yates over SplitMix64), not
 // torch.randperm's: the structure is DistributedSampler's, the order is not
 // bit-for-bit PyTorch's.
+//
+// Two orders (SampleOrder):
+// - random: the above; each rank's reads land anywhere in the split.
+// - blocks: for data bigger than memory, read in runs. The split is cut into
+//   blocks of `block_samples` consecutive indices; each epoch the blocks are
+//   shuffled (seed + epoch) and laid end to end, padded or trimmed as above,
+//   and rank r takes the r-th contiguous share of that sequence, so it reads
+//   whole blocks, each front to back. Its share is then shuffled within
+//   windows of `window_blocks` blocks' positions (the loader holds a window's
+//   blocks in memory), so a batch mixes samples of that many blocks. Every
+//   sample once per epoch over all ranks (with padding or drop_last as
+//   above), the same counts per rank, and a pure function of the config and
+//   (epoch, batch), like random.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +35,9 @@
 
 namespace nl {
 
+enum class SampleOrder { kRandom, kBlocks };
+const char* SampleOrderName(SampleOrder o);  // "random", "blocks"
+
 struct SamplerConfig {
   uint64_t dataset_size = 0;
   int rank = 0;
@@ -31,6 +47,9 @@ struct SamplerConfig {
   bool drop_last = false;  // trim instead of pad to a multiple of the world size
   uint32_t batch_size = 1;
   bool drop_last_batch = false;  // drop this rank's last partial batch
+  SampleOrder order = SampleOrder::kRandom;
+  uint64_t block_samples = 1;  // blocks: consecutive indices per block, 1 or more
+  uint64_t window_blocks = 1;  // blocks: blocks per shuffle window, 1 or more
 };
 
 // The sampler's arithmetic, as torch's DistributedSampler: samples per rank
@@ -53,8 +72,13 @@ class DistributedSampler {
 
   // This rank's samples for an epoch, in order (samples_per_rank() of them).
   std::vector<uint64_t> EpochIndices(uint64_t epoch) const;
-  // The whole epoch's permutation before padding and striding (N entries).
+  // The whole epoch's order before padding and sharing out (N entries):
+  // random, a permutation; blocks, the shuffled blocks end to end.
   std::vector<uint64_t> Permutation(uint64_t epoch) const;
+  // Positions of this rank's epoch a shuffle window spans (blocks: its
+  // window; random: the whole share). Reading ahead, the loader takes
+  // whole windows.
+  uint64_t window_samples() const;
 
  private:
   SamplerConfig c_;

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -100,6 +103,151 @@ TEST(Sampler, BadConfigs) {
   EXPECT_EQ(short_rank.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(short_rank.message(),
             "each rank has 5 samples, fewer than one batch of 20 (drop_last_batch)");
+}
+
+SamplerConfig Blocks(uint64_t n, int world, uint64_t block, uint64_t window, uint32_t batch = 4) {
+  SamplerConfig c;
+  c.dataset_size = n;
+  c.world = world;
+  c.seed = 11;
+  c.batch_size = batch;
+  c.order = SampleOrder::kBlocks;
+  c.block_samples = block;
+  c.window_blocks = window;
+  return c;
+}
+
+std::vector<uint64_t> RankIndices(SamplerConfig c, int rank, uint64_t epoch) {
+  c.rank = rank;
+  Result<DistributedSampler> s = DistributedSampler::Create(c);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? s->EpochIndices(epoch) : std::vector<uint64_t>{};
+}
+
+// Over sizes, world sizes, block and window sizes, padding and drop_last:
+// every sample once per epoch (padding repeats the sequence's first ones,
+// as random order does), every rank the same count.
+TEST(SamplerBlocks, EverySampleOncePerEpochEqualCountsPerRank) {
+  for (uint64_t n : {1u, 7u, 64u, 103u, 1000u}) {
+    for (int world : {1, 2, 3, 8}) {
+      for (uint64_t block : {1u, 5u, 16u, 2000u}) {
+        for (uint64_t window : {1u, 3u, 64u}) {
+          for (bool drop_last : {false, true}) {
+            if (drop_last && n < static_cast<uint64_t>(world)) continue;
+            SCOPED_TRACE(testing::Message() << "n " << n << " world " << world << " block " << block
+                                            << " window " << window << " drop_last " << drop_last);
+            SamplerConfig c = Blocks(n, world, block, window);
+            c.drop_last = drop_last;
+            const uint64_t per_rank = SamplesPerRank(c);
+            std::vector<uint64_t> seq = DistributedSampler::Create(c)->Permutation(3);
+            ASSERT_EQ(seq.size(), n);
+            std::map<uint64_t, int> seen;
+            for (int r = 0; r < world; ++r) {
+              std::vector<uint64_t> got = RankIndices(c, r, 3);
+              ASSERT_EQ(got.size(), per_rank);
+              for (uint64_t i : got) ++seen[i];
+            }
+            const uint64_t total = per_rank * world;
+            std::vector<uint64_t> position(n);
+            for (uint64_t k = 0; k < n; ++k) position[seq[k]] = k;
+            for (uint64_t i = 0; i < n; ++i) {
+              // padding repeats the sequence from its start (more than once
+              // when there are more ranks than samples)
+              const uint64_t pos = position[i];
+              const int want = pos < total ? static_cast<int>((total - 1 - pos) / n + 1) : 0;
+              ASSERT_EQ(seen[i], want) << "index " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A rank reads whole blocks: the indices of each of its windows, sorted, are
+// at most window_blocks runs (plus one at each end of its share, where a
+// block may be split between two ranks).
+TEST(SamplerBlocks, EachWindowIsAFewRunsOfConsecutiveIndices) {
+  SamplerConfig c = Blocks(10000, 3, 50, 8);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<uint64_t> got = RankIndices(c, r, 1);
+    const uint64_t win = 50 * 8;
+    for (size_t start = 0; start < got.size(); start += win) {
+      std::vector<uint64_t> w(got.begin() + start, got.begin() + std::min(got.size(), start + win));
+      std::sort(w.begin(), w.end());
+      size_t runs = 1;
+      for (size_t i = 1; i < w.size(); ++i) runs += w[i] != w[i - 1] + 1;
+      EXPECT_LE(runs, 8u + 2u) << "rank " << r << " window at " << start;
+    }
+  }
+}
+
+TEST(SamplerBlocks, APureFunctionOfSeedAndEpoch) {
+  SamplerConfig c = Blocks(5000, 2, 20, 16);
+  EXPECT_EQ(RankIndices(c, 1, 4), RankIndices(c, 1, 4));
+  EXPECT_NE(RankIndices(c, 1, 4), RankIndices(c, 1, 5));
+  SamplerConfig other = c;
+  other.seed = 12;
+  EXPECT_NE(RankIndices(c, 1, 4), RankIndices(other, 1, 4));
+  // The random order is untouched by the block fields.
+  SamplerConfig random = c;
+  random.order = SampleOrder::kRandom;
+  SamplerConfig random2 = random;
+  random2.block_samples = 1;
+  random2.window_blocks = 1;
+  EXPECT_EQ(RankIndices(random, 0, 2), RankIndices(random2, 0, 2));
+  // Without shuffling: each rank's contiguous share, in index order.
+  c.shuffle = false;
+  std::vector<uint64_t> want(2500);
+  for (uint64_t i = 0; i < 2500; ++i) want[i] = 2500 + i;
+  EXPECT_EQ(RankIndices(c, 1, 0), want);
+}
+
+double MeanBatchEntropy(const std::vector<uint64_t>& indices, uint64_t per_class, size_t batch) {
+  double sum = 0;
+  size_t batches = 0;
+  for (size_t start = 0; start + batch <= indices.size(); start += batch, ++batches) {
+    std::map<uint64_t, int> count;
+    for (size_t i = start; i < start + batch; ++i) ++count[indices[i] / per_class];
+    for (const auto& [label, k] : count) {
+      const double p = static_cast<double>(k) / batch;
+      sum -= p * std::log2(p);
+    }
+  }
+  return sum / batches;
+}
+
+// ImageFolder packs are class by class, so one block is one class. With
+// enough blocks in a window, a batch of blocks order mixes labels as one of
+// random order does: mean label entropy per batch >= 95% of random's, on a
+// class-sorted split of 100 classes (the loader's default is 512 blocks a
+// window; 256 here).
+TEST(SamplerBlocks, BatchesOfAClassSortedSplitMixLabelsAsRandomOrderDoes) {
+  const uint64_t classes = 100, per_class = 200, n = classes * per_class;
+  SamplerConfig c = Blocks(n, 2, 16, 256, 64);
+  SamplerConfig r = c;
+  r.order = SampleOrder::kRandom;
+  double blocks = 0, random = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    blocks += MeanBatchEntropy(RankIndices(c, rank, 0), per_class, 64);
+    random += MeanBatchEntropy(RankIndices(r, rank, 0), per_class, 64);
+  }
+  const double ratio = blocks / random;
+  std::printf("mean label entropy per batch of 64: blocks %.3f bits, random %.3f bits (%.1f%%)\n",
+              blocks / 2, random / 2, 100 * ratio);
+  EXPECT_GE(ratio, 0.95);
+  // One block a window would not: each batch is then one or two classes.
+  SamplerConfig one = c;
+  one.window_blocks = 1;
+  EXPECT_LT(MeanBatchEntropy(RankIndices(one, 0, 0), per_class, 64) / (random / 2), 0.5);
+}
+
+TEST(SamplerBlocks, EmptyBlocksOrWindowsAreRefused) {
+  SamplerConfig c = Blocks(100, 1, 0, 4);
+  EXPECT_EQ(DistributedSampler::Create(c).status().message(),
+            "blocks and windows must hold at least one sample");
+  c = Blocks(100, 1, 4, 0);
+  EXPECT_FALSE(DistributedSampler::Create(c).ok());
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "base/thread.h"
-
 #include "formats/manifest.h"
 #include "loader/pipeline/sampler.h"
 #include "loader/ring/producer.h"
@@ -111,20 +110,22 @@ Result<RingShape> ShapeOfRing(const PipelineConfig& pc) {
   RingShape shape;
   shape.batches_per_epoch = sampler.batches_per_epoch();
   const uint64_t bpe = shape.batches_per_epoch;
-  if (bpe == 0) return Status::InvalidArgument("rank " + std::to_string(pc.rank) + " has no batches");
+  if (bpe == 0)
+    return Status::InvalidArgument("rank " + std::to_string(pc.rank) + " has no batches");
   if (pc.start_batch >= bpe) {
     return Status::InvalidArgument("start batch " + std::to_string(pc.start_batch) +
                                    " is past the " + std::to_string(bpe) + " batches of an epoch");
   }
   const TransformConfig& t = pc.transform;
-  NL_RETURN_IF_ERROR(CheckBufferMemory(pc.prefetch, pc.batch_size, SampleTransform(t).SampleBytes()));
+  NL_RETURN_IF_ERROR(
+      CheckBufferMemory(pc.prefetch, pc.batch_size, SampleTransform(t).SampleBytes()));
   NL_ASSIGN_OR_RETURN(
       shape.geometry,
-      ring::MakeGeometry(pc.prefetch, pc.batch_size, static_cast<uint32_t>(t.image_size),
-                         static_cast<uint32_t>(t.image_size),
-                         t.normalize ? ring::Dtype::kFloat32 : ring::Dtype::kUint8,
-                         t.layout == Layout::kNHWC ? ring::PixelLayout::kNHWC
-                                                   : ring::PixelLayout::kNCHW));
+      ring::MakeGeometry(
+          pc.prefetch, pc.batch_size, static_cast<uint32_t>(t.image_size),
+          static_cast<uint32_t>(t.image_size),
+          t.normalize ? ring::Dtype::kFloat32 : ring::Dtype::kUint8,
+          t.layout == Layout::kNHWC ? ring::PixelLayout::kNHWC : ring::PixelLayout::kNCHW));
   if (shape.geometry.sample_bytes != SampleTransform(t).SampleBytes()) {
     return Status::Internal("ring sample size differs from the transform's");
   }
@@ -366,6 +367,10 @@ class Service {
     auto src = std::make_unique<SlotSource>(producer_.get(), producer_->published());
     pc.buffers = src.get();
     NL_ASSIGN_OR_RETURN(auto p, Pipeline::Open(pc));
+    if (!plan_said_) {  // once: a seek opens the pipeline again with the same plan
+      Log(who_ + ": " + p->read_plan().summary);
+      plan_said_ = true;
+    }
     std::lock_guard lock(mu_);
     source_ = std::move(src);
     pipeline_ = std::move(p);
@@ -387,12 +392,13 @@ class Service {
   bool Restart(const RingProducer::Request& req) {
     ClosePipeline();
     producer_->SetActivity(ring::Activity::kRestarting, req.epoch, req.batch);
-    if (!producer_->Reclaim(req.id, -1, &stop_).ok()) return false;  // stopped, or the consumer is gone
+    if (!producer_->Reclaim(req.id, -1, &stop_).ok())
+      return false;  // stopped, or the consumer is gone
     if (req.batch >= bpe_ ||
         (end_epoch_ && (req.epoch < pc0_.start_epoch || req.epoch >= end_epoch_))) {
-      result_ = Status::InvalidArgument("the consumer asked for epoch " + std::to_string(req.epoch) +
-                                        ", batch " + std::to_string(req.batch) + ", outside what " +
-                                        who_ + " serves");
+      result_ = Status::InvalidArgument(
+          "the consumer asked for epoch " + std::to_string(req.epoch) + ", batch " +
+          std::to_string(req.batch) + ", outside what " + who_ + " serves");
       Fail(result_);
       return false;
     }
@@ -499,8 +505,8 @@ class Service {
     }
     const std::string consumer = "the consumer (pid " + std::to_string(report_->consumer_pid) + ")";
     if (consumer_gone_.load() && !detached_.load() && !producer_->refusal().empty()) {
-      return Status::FailedPrecondition(who_ + ": " + consumer + " refused the ring: " +
-                                        producer_->refusal());
+      return Status::FailedPrecondition(who_ + ": " + consumer +
+                                        " refused the ring: " + producer_->refusal());
     }
     if (consumer_gone_.load() && !detached_.load()) {
       return Status::Unavailable(who_ + ": " + consumer +
@@ -535,6 +541,7 @@ class Service {
   Status result_;
   uint64_t run_epoch_ = 0, run_batch_ = 0, delivered_ = 0;
   bool ended_ = false, warned_ = false;
+  bool plan_said_ = false;  // the read plan was logged (the service thread only)
   Clock::time_point full_since_{};
 
   Thread watcher_, freer_;  // last: joined (~Service) before the state they use goes
