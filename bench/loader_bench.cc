@@ -60,6 +60,7 @@ struct Args {
   std::string bind = "on", record_indices;
   nl::JobPlanRequest plan;
   double step_ms = 0;
+  uint64_t max_batches = 0;  // 0: every batch of --epochs
   bool json_out = false;
   nl::PipelineConfig pipeline;
   nl::PipelineFlags pflags;
@@ -166,6 +167,7 @@ std::string LoadAll(const Args& a, nl::Pipeline& p, Loaded* out) {
     if (a.step_ms > 0)
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.step_ms));
     if (nl::Status rs = p.Release(*b); !rs.ok()) return rs.ToString();
+    if (a.max_batches && out->waits.size() >= a.max_batches) return "";
   }
 }
 
@@ -1027,6 +1029,10 @@ void AddBenchOptions(CLI::App* app, Args* a) {
   app->add_option(
       "--step-ms", a->step_ms,
       "Simulated compute per batch, in ms, 0..1000000 (0: consume as fast as possible)");
+  app->add_option("--max-batches", a->max_batches,
+                  "Stop each rank after this many batches (a bounded run of a big split; "
+                  "in-process mode)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app->add_option("--record-indices", a->record_indices,
                   "Write {rank, epoch, indices} JSON lines to FILE");
   app->add_flag("--json", a->json_out, "Print JSON");

@@ -34,6 +34,36 @@ for e in (0, 1):
 orders = {l["epoch"]: l["indices"] for l in lines if l["rank"] == 0}
 assert orders[0] != orders[1], "epochs should be shuffled differently"
 PYEOF
+# --order blocks: the same guarantees, each rank reading whole runs; the plan
+# said in one line; a bounded run (--max-batches) stops where asked.
+expect_rc_stdout 0 "--order blocks, 2 ranks, 2 epochs, read-ahead of 64K" "$LB" --data "$W/p" --ranks 2 \
+  --batch-size 32 --epochs 2 --image-size 32 --order blocks --io-memory 64K --record-indices "$W/blk.jsonl" --json
+expect_out "rank 0: order blocks \(--order blocks\); blocks of [0-9]+ samples \([0-9.]+ KiB\), [0-9]+ a window; read-ahead 64 KiB \(--io-memory\)" \
+  "says its order, blocks and read-ahead"
+expect_rc 0 "recorded indices of blocks order: every sample once an epoch (one padded), epochs differ" $PY - "$W/blk.jsonl" <<'PYEOF'
+import json, sys, collections
+lines = [json.loads(l) for l in open(sys.argv[1])]
+for e in (0, 1):
+    c = collections.Counter(i for l in lines if l["epoch"] == e for i in l["indices"])
+    assert set(c) == set(range(301)) and sum(c.values()) == 302, "not every sample once"
+orders = {l["epoch"]: l["indices"] for l in lines if l["rank"] == 0}
+assert orders[0] != orders[1]
+PYEOF
+expect_rc_stdout 0 "--order auto on a small split" "$LB" --data "$W/p" --ranks 1 --image-size 32 --max-batches 3 --json
+expect_out "order random \(auto: the split's [0-9.]+ [KMG]iB fits in half of the [0-9.]+ [KMGT]iB this process may use" \
+  "picks random, saying why"
+if $PY -c "import json,sys; r=json.load(open(sys.argv[1]))['ranks'][0]; sys.exit(0 if r['images'] == 3 * 64 else 1)" "$W/out"; then
+  ok "--max-batches 3 loads 3 batches"
+else
+  fail "--max-batches 3: $(cat "$W/out")"
+fi
+expect_rc 1 "--order sequential is refused" "$LB" --data "$W/p" --order sequential
+expect_text "unknown --order 'sequential' (use random, blocks or auto)" "naming the choices"
+expect_rc 1 "--io-memory 1.5G is refused" "$LB" --data "$W/p" --io-memory 1.5G
+expect_text "--io-memory: '1.5G' is not a size" "saying what a size is"
+expect_rc 1 "--io-memory 2000T is refused" "$LB" --data "$W/p" --io-memory 2000T
+expect_text "is more than 1099511627776 bytes" "stating the bound"
+
 expect_rc 1 "a missing shard set is an error" "$LB" --data "$W/none" --ranks 1
 expect_text "manifest.json" "the error names the manifest"
 

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# How the loader's cost grows with the split, in one run: a 50,000-record and
+# a 1,000,000-record split of CIFAR-sized records (3 KiB, packed raw; 32 px,
+# no resize, so the figures are I/O and access, not pixels), read by one
+# loader thread in each order (random, blocks, auto), first in the page cache,
+# then in a memory cgroup of --limit bytes with the page cache dropped (the
+# 1M split is then ~3.8x the memory it may use), against the disk's own rates
+# measured in the same cgroup in the same run: random 4 KiB preads (one at a
+# time) and one shard read front to back (1 MiB reads).
+#   bench/scale_bench.sh [WORKDIR] [--limit BYTES] [--batches N]
+# Root is needed for the cgroup rows (cgroup v1's memory controller, or v2's
+# memory.max) and to drop the page cache; where the machine does not allow
+# it, those rows are skipped with a line saying why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-build/scale-bench}
+limit=$((1 << 30))
+batches=3000  # 192,000 records a row on the 1M split (64 a batch)
+shift || true
+while [ $# -gt 0 ]; do
+  case $1 in
+    --limit) limit=$2; shift 2 ;;
+    --batches) batches=$2; shift 2 ;;
+    *) echo "scale_bench.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+B=build/bin
+PY=/usr/bin/python3
+for t in pack_tool loader_bench; do
+  [ -x "$B/$t" ] || { echo "build first: $B/$t is missing" >&2; exit 1; }
+done
+mkdir -p "$work"
+
+make_set() {  # NAME RECORDS
+  [ -f "$work/$1/manifest.json" ] && return
+  "$B/pack_tool" fake-cifar100 "$work/$1-src" --train "$2" --test 10 --seed 5 >/dev/null
+  "$B/pack_tool" cifar100 "$work/$1-src" "$work/$1" >/dev/null 2>&1
+  rm -rf "$work/$1-src"
+}
+make_set s50k 50000
+make_set s1m 1000000
+
+# --- the memory cgroup ---------------------------------------------------------
+cg=""
+cg_why=""
+if [ "$(id -u)" -ne 0 ]; then
+  cg_why="not root"
+elif [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+  cg=/sys/fs/cgroup/nl-scale-$$  # cgroup v2
+  mkdir "$cg" && echo "$limit" >"$cg/memory.max" && { echo 0 >"$cg/memory.swap.max" 2>/dev/null || true; } ||
+    { cg_why="cannot make a cgroup v2 with memory.max"; cg=""; }
+elif [ -d /sys/fs/cgroup/memory ]; then
+  cg=/sys/fs/cgroup/memory/nl-scale-$$  # cgroup v1
+  mkdir "$cg" && echo "$limit" >"$cg/memory.limit_in_bytes" ||
+    { cg_why="cannot make a cgroup v1 with memory.limit_in_bytes"; cg=""; }
+else
+  cg_why="no memory cgroup controller"
+fi
+cleanup() { [ -n "$cg" ] && rmdir "$cg" 2>/dev/null || true; }
+trap cleanup EXIT
+in_cg() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
+drop_cache() { sync && echo 3 >/proc/sys/vm/drop_caches; }
+warm() { cat "$work/$1"/train/*/data.mdb >/dev/null; }
+
+loader() {  # SET ORDER [in_cg] -> "images/s|read-ahead MiB|plan line"
+  local set=$1 order=$2 wrap=${3:-}
+  local out
+  out=$($wrap "$B/loader_bench" --data "$work/$set" --ranks 1 --threads-per-rank 1 --bind off \
+    --image-size 32 --order "$order" --max-batches "$batches" --json 2>"$work/err") ||
+    { echo "error: $(tail -1 "$work/err")"; return; }
+  echo "$out" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())['ranks'][0]; print('%.0f|%.1f|%.0f' % (r['images_per_s'], r['read_ahead_mib'], r['rss_anon_mib']))"
+  grep -o "order .*" "$work/err" | head -1 >"$work/plan-$set-$order"
+}
+
+# The disk's random 4 KiB pread rate and its sequential rate (run in the
+# cgroup, page cache dropped): "reads/s|bytes/s".
+cat >"$work/disk.py" <<'PYEOF'
+import glob, os, random, sys, time
+files = sorted(glob.glob(os.path.join(sys.argv[1], "train", "*", "data.mdb")))
+fds = [os.open(f, os.O_RDONLY) for f in files]
+sizes = [os.fstat(fd).st_size for fd in fds]
+for fd in fds:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+rng = random.Random(1)
+n, t0 = 0, time.monotonic()
+while time.monotonic() - t0 < 10:
+    i = rng.randrange(len(fds))
+    os.pread(fds[i], 4096, rng.randrange(sizes[i] // 4096) * 4096)
+    n += 1
+rand = n / (time.monotonic() - t0)
+fd = fds[-1]
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+got, t0 = 0, time.monotonic()
+while time.monotonic() - t0 < 10:
+    b = os.pread(fd, 1 << 20, got)
+    if not b:
+        break
+    got += len(b)
+seq = got / (time.monotonic() - t0)
+print("%.0f|%.0f" % (rand, seq))
+PYEOF
+
+rec_bytes=$($PY -c "import json,sys; m=json.load(open(sys.argv[1])); s=m['splits']['train']; print(sum(x['bytes'] for x in s['shards']) // s['num_samples'])" "$work/s1m/manifest.json")
+echo "== sets: 50,000 and 1,000,000 records of $rec_bytes bytes; one loader thread, 32 px, batches of 64, $batches batches a row at most"
+printf '| split | where | order | img/s | read-ahead MiB | anon RSS MiB |\n|---|---|---|---:|---:|---:|\n'
+declare -A rate
+for set in s50k s1m; do
+  warm "$set"
+  for order in random blocks auto; do
+    IFS='|' read -r r ahead rss <<<"$(loader "$set" "$order")"
+    rate[$set-cache-$order]=$r
+    printf '| %s | page cache | %s | %s | %s | %s |\n' "$set" "$order" "$r" "$ahead" "$rss"
+  done
+done
+if [ -z "$cg" ]; then
+  echo "(the memory-cgroup rows are skipped: $cg_why)"
+else
+  for order in random blocks auto; do
+    drop_cache
+    IFS='|' read -r r ahead rss <<<"$(loader s1m "$order" in_cg)"
+    rate[s1m-cg-$order]=$r
+    printf '| s1m | %s cgroup, cache dropped | %s | %s | %s | %s |\n' "$(numfmt --to=iec "$limit")" "$order" "$r" "$ahead" "$rss"
+  done
+  drop_cache
+  IFS='|' read -r drand dseq <<<"$(in_cg $PY "$work/disk.py" "$work/s1m")"
+  seq_recs=$((dseq / rec_bytes))
+  echo
+  echo "disk, same cgroup, cache dropped: random 4 KiB preads $drand/s; one shard sequentially $((dseq / 1000000)) MB/s ($seq_recs records/s)"
+  $PY - "${rate[s1m-cg-random]}" "${rate[s1m-cg-blocks]}" "$drand" "$seq_recs" "${rate[s1m-cache-random]}" "${rate[s50k-cache-random]}" <<'PYEOF'
+import sys
+rnd, blk, drand, dseq, big, small = (float(x) for x in sys.argv[1:])
+print("random order: %.0f%% of the disk's random 4 KiB read rate (target >= 50%%)" % (100 * rnd / drand))
+print("blocks order: %.0f%% of its sequential rate in records (target >= 40%%)" % (100 * blk / dseq))
+print("page cache: the 1M split at %.0f%% of the 50k split's rate, random order (target >= 80%%)" % (100 * big / small))
+PYEOF
+fi
+for f in "$work"/plan-s1m-*; do echo "$(basename "$f"): $(cat "$f")"; done
