@@ -69,7 +69,9 @@ MemoryLimit MemoryAvailableToProcess(const std::string& proc, const std::string&
     if (b == std::string::npos) continue;
     const std::string controllers = line.substr(a + 1, b - a - 1);
     std::string path = line.substr(b + 1);
-    if (path.find("..") != std::string::npos) continue;  // never climb out of the root
+    // Never climb out of the root; a path must start at it (the walk up the
+    // tree below ends at "").
+    if (path.find("..") != std::string::npos || path.empty() || path[0] != '/') continue;
     if (path == "/") path.clear();
     bool v1_memory = false;
     for (std::string_view c : SplitText(controllers, ',')) v1_memory |= c == "memory";

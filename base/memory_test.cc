@@ -67,6 +67,15 @@ TEST(Memory, DamagedOrMissingFilesAreNoLimit) {
   EXPECT_EQ(MemoryAvailableToProcess(empty / "proc", empty / "cgroup").bytes, 0u);
 }
 
+// A cgroup path without a leading '/' (not what the kernel writes, but a
+// file this reads) ends the walk up the tree instead of looping on it.
+TEST(Memory, ACgroupPathWithoutASlashEnds) {
+  FakeSystem f(8 * 1024 * 1024, "0::job\n");
+  f.Write("cgroup/job/memory.max", "1073741824\n");
+  MemoryLimit m = MemoryAvailableToProcess(f.proc(), f.cgroup());
+  EXPECT_EQ(m.bytes, uint64_t{8} << 30);
+}
+
 TEST(Memory, ThisProcessHasSomeMemory) {
   MemoryLimit m = MemoryAvailableToProcess();
   EXPECT_GT(m.bytes, 0u);

@@ -88,12 +88,13 @@ Result<uint64_t> ParseByteSize(std::string_view text, std::string_view what, uin
     return Status::InvalidArgument(Quote(what, text) +
                                    " is not a size (a whole number of bytes, or with K, M, G, T)");
   }
-  NL_ASSIGN_OR_RETURN(uint64_t n, ParseUint(text.substr(0, digits), what, 0, UINT64_MAX));
-  if (n > (max >> shift)) {
+  // (Digits alone fail to parse only by overflowing: more than any bound.)
+  const Result<uint64_t> n = ParseUint(text.substr(0, digits), what, 0, UINT64_MAX);
+  if (!n.ok() || *n > (max >> shift)) {
     return Status::OutOfRange(Quote(what, text) + " is more than " + std::to_string(max) +
                               " bytes");
   }
-  return n << shift;
+  return *n << shift;
 }
 
 Result<double> ParseDouble(std::string_view text, std::string_view what, double min, double max) {

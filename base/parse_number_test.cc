@@ -76,6 +76,10 @@ TEST(ParseNumber, ByteSizes) {
             "--io-memory: '9999999T' is more than 1125899906842624 bytes");
   EXPECT_EQ(ParseByteSize("99999999999999999999", "--io-memory", UINT64_MAX).status().code(),
             StatusCode::kOutOfRange);
+  // Twenty digits are over the bound too, said the same way.
+  EXPECT_EQ(
+      ParseByteSize("99999999999999999999", "--io-memory", uint64_t{1} << 40).status().message(),
+      "--io-memory: '99999999999999999999' is more than 1099511627776 bytes");
 }
 
 }  // namespace

@@ -572,8 +572,8 @@ Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, const Fd&
       mdb_env_open(raw, dir.c_str(), MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS | MDB_NORDAHEAD, 0444),
       what));
   mdb_filehandle_t lfd;
-  struct stat a {
-  }, b{};
+  struct stat a{};
+  struct stat b{};
   if (mdb_env_get_fd(raw, &lfd) == MDB_SUCCESS && ::fstat(lfd, &a) == 0 &&
       ::fstat(checked.get(), &b) == 0 && (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
     return Status::Corruption(what + ": data.mdb was replaced while it was being opened");

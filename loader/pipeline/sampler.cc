@@ -66,7 +66,6 @@ void Shuffle(std::vector<T>* v, size_t begin, size_t end, Rng* rng) {
 }  // namespace
 
 uint64_t DistributedSampler::window_samples() const {
-  if (c_.order == SampleOrder::kRandom) return per_rank_;
   const uint64_t w = c_.block_samples * c_.window_blocks;
   return w / c_.window_blocks == c_.block_samples ? w : UINT64_MAX;  // (overflow: one window)
 }

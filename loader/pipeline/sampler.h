@@ -75,12 +75,11 @@ class DistributedSampler {
   // The whole epoch's order before padding and sharing out (N entries):
   // random, a permutation; blocks, the shuffled blocks end to end.
   std::vector<uint64_t> Permutation(uint64_t epoch) const;
-  // Positions of this rank's epoch a shuffle window spans (blocks: its
-  // window; random: the whole share). Reading ahead, the loader takes
-  // whole windows.
-  uint64_t window_samples() const;
 
  private:
+  // Positions of this rank's share one shuffle window spans (blocks order).
+  uint64_t window_samples() const;
+
   SamplerConfig c_;
   uint64_t per_rank_ = 0, batches_ = 0;
 };
