@@ -312,20 +312,30 @@ void UnregisterMap(int slot) {
 // LMDB trusts its pages: a damaged node offset or size in a branch or leaf
 // page makes it read outside the page, the file or the map (SIGBUS,
 // SIGSEGV) before any value reaches us, and it trusts the page size in the
-// meta page too. So, before LMDB opens a shard, its meta pages are checked,
-// and before LMDB walks it, its tree is walked here with every such field
-// checked, reading pages with pread (never through a map). Layout of LMDB
-// 0.9 on a 64-bit machine (lmdb.h, mdb.c): a 16-byte page header {pgno u64,
-// pad u16, flags u16, lower u16, upper u16}, then u16 node offsets; a node
-// {lo u16, hi u16, flags u16, ksize u16, key, data}; the meta page's MDB_meta
-// at byte 16: magic u32, version u32, address u64, mapsize u64, then the
-// free and main databases' MDB_db (48 bytes each; the free one's first u32
-// is the page size), last page u64 at 136, txnid u64 at 144.
+// meta page too. So its meta pages are checked before LMDB opens a shard,
+// and every tree page LMDB is about to read is checked first, with every
+// such field, reading it with pread (never through a map) the first time:
+// for a read by key, the pages from the root to the leaf that LMDB's own
+// search will visit (the same choice at each branch page as LMDB's, which
+// the check makes unambiguous by requiring each page's keys in order), each
+// page checked once per reader; for a cursor over everything (verify,
+// export), the whole tree, once. Opening costs the meta pages and one path,
+// whatever the shard's size. Layout of LMDB 0.9 on a 64-bit machine
+// (lmdb.h, mdb.c): a 16-byte page header {pgno u64, pad u16, flags u16,
+// lower u16, upper u16}, then u16 node offsets; a node {lo u16, hi u16,
+// flags u16, ksize u16, key, data}; the meta page's MDB_meta at byte 16:
+// magic u32, version u32, address u64, mapsize u64, then the free and main
+// databases' MDB_db (48 bytes each; the free one's first u32 is the page
+// size), last page u64 at 136, txnid u64 at 144.
 static_assert(sizeof(void*) == 8, "the LMDB layout below is that of a 64-bit build");
 
-class TreeCheck {
+}  // namespace
+
+class ShardReader::TreeCheck {
  public:
-  TreeCheck(int fd, uint64_t file_bytes) : fd_(fd), file_bytes_(file_bytes) {}
+  TreeCheck(Fd fd, uint64_t file_bytes) : fd_(std::move(fd)), file_bytes_(file_bytes) {}
+
+  int fd() const { return fd_.get(); }
 
   // The meta pages, before LMDB reads them: LMDB takes the page size from
   // the first one unchecked (0 divides by zero; a small one reads past its
@@ -370,8 +380,9 @@ class TreeCheck {
     return Status::Ok();
   }
 
-  // Walks the main database from the chosen meta page's root.
-  Status Tree() {
+  // The tree's shape as the meta page gives it, once the file is known to
+  // hold LMDB's pages.
+  Status Shape() {
     if (root_ == kNoPage) {
       if (entries_ == 0) return Status::Ok();
       return Bad("its meta page counts " + std::to_string(entries_) + " records but has no tree");
@@ -382,15 +393,56 @@ class TreeCheck {
                  std::to_string(file_bytes_) + " bytes can hold");
     }
     if (depth_ == 0 || depth_ > kMaxDepth) return Bad("tree depth " + std::to_string(depth_));
-    visited_.assign(pages_, false);
-    buffers_.assign(depth_ + 1, std::vector<uint8_t>(psize_));
-    uint64_t found = 0;
-    NL_RETURN_IF_ERROR(Walk(root_, depth_, &found));
-    if (found != entries_) {
-      return Bad("its tree holds " + std::to_string(found) + " records, its meta page says " +
-                 std::to_string(entries_));
-    }
+    checked_ = std::make_unique<std::atomic<uint64_t>[]>((pages_ + 63) / 64);
     return Status::Ok();
+  }
+
+  // Once LMDB's map is known (and confirmed): pages already checked are
+  // then read through it rather than with pread.
+  void SetMap(const uint8_t* map) { map_ = map; }
+
+  // The pages LMDB's search for `key` visits (key == nullptr: the first
+  // record's, as a cursor's MDB_FIRST), root to leaf.
+  Status Path(const unsigned char* key, size_t key_size) {
+    if (root_ == kNoPage) return Status::Ok();
+    thread_local std::vector<uint8_t> buffer;
+    buffer.resize(psize_);
+    uint64_t pgno = root_;
+    if (pgno < 2 || pgno >= pages_) return Bad("page " + std::to_string(pgno) + " is outside the file's pages");
+    for (uint16_t depth = depth_;; --depth) {
+      const bool leaf = depth == 1;
+      const uint8_t* page;
+      if (Checked(pgno)) {
+        if (map_ != nullptr) {
+          page = map_ + pgno * psize_;
+        } else {
+          NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, buffer.data(), psize_, "page"));
+          page = buffer.data();
+        }
+        // Checked as a page of the other kind: reached at another depth.
+        if (Get<uint16_t>(page, 10) != (leaf ? kLeaf : kBranch)) {
+          NL_RETURN_IF_ERROR(CheckPage(page, pgno, leaf));
+        }
+      } else {
+        NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, buffer.data(), psize_, "page"));
+        page = buffer.data();
+        NL_RETURN_IF_ERROR(CheckPage(page, pgno, leaf));
+        MarkChecked(pgno);
+      }
+      if (leaf) return Status::Ok();
+      pgno = ChildPgno(page, key == nullptr ? 0 : ChildIndex(page, key, key_size));
+    }
+  }
+
+  // Every page of the tree, once per reader (later calls give the first
+  // answer): no page reached twice, and as many records as the meta page says.
+  Status Whole() {
+    std::lock_guard lock(whole_mu_);
+    if (!whole_done_) {
+      whole_ = WalkAll();
+      whole_done_ = true;
+    }
+    return whole_;
   }
 
   uint32_t page_size() const { return psize_; }
@@ -402,19 +454,57 @@ class TreeCheck {
   static constexpr uint16_t kBigData = 0x01, kSubData = 0x02, kDupData = 0x04;
 
   template <typename T>
-  static T Get(const std::vector<uint8_t>& page, size_t off) {
+  static T Get(const uint8_t* page, size_t off) {
     T v;
-    std::memcpy(&v, page.data() + off, sizeof v);
+    std::memcpy(&v, page + off, sizeof v);
     return v;
   }
   static Status Bad(const std::string& why) {
     return Status::Corruption("its LMDB tree is damaged: " + why);
   }
+  // LMDB's default key order (mdb_cmp_memn): bytes, then the shorter first.
+  static int CompareKeys(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
+    const int diff = std::memcmp(a, b, std::min(an, bn));
+    if (diff != 0) return diff;
+    return an < bn ? -1 : an > bn ? 1 : 0;
+  }
+  static const uint8_t* NodeAt(const uint8_t* page, size_t i) {
+    return page + Get<uint16_t>(page, 16 + 2 * i);
+  }
+  static size_t Nodes(const uint8_t* page) { return (Get<uint16_t>(page, 12) - 16u) / 2; }
+  static uint64_t ChildPgno(const uint8_t* page, size_t i) {
+    const uint8_t* node = NodeAt(page, i);
+    return Get<uint16_t>(node, 0) | (uint64_t{Get<uint16_t>(node, 2)} << 16) |
+           (uint64_t{Get<uint16_t>(node, 4)} << 32);
+  }
+  // The child LMDB's search follows from a checked branch page: the last
+  // node from the second on whose key is at most `key`, else the first
+  // (mdb_page_search_root after mdb_node_search; keys are checked in order).
+  static size_t ChildIndex(const uint8_t* page, const unsigned char* key, size_t key_size) {
+    size_t lo = 1, hi = Nodes(page);  // the answer is in [lo - 1, hi - 1]
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      const uint8_t* node = NodeAt(page, mid);
+      if (CompareKeys(node + 8, Get<uint16_t>(node, 6), key, key_size) <= 0) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo - 1;
+  }
+
+  bool Checked(uint64_t pgno) const {
+    return (checked_[pgno / 64].load(std::memory_order_acquire) >> (pgno % 64)) & 1;
+  }
+  void MarkChecked(uint64_t pgno) {
+    checked_[pgno / 64].fetch_or(uint64_t{1} << (pgno % 64), std::memory_order_release);
+  }
 
   Status ReadAt(uint64_t off, uint8_t* out, size_t n, const std::string& what) const {
     size_t got = 0;
     while (got < n) {
-      const ssize_t r = ::pread(fd_, out + got, n - got, static_cast<off_t>(off + got));
+      const ssize_t r = ::pread(fd_.get(), out + got, n - got, static_cast<off_t>(off + got));
       if (r < 0 && errno == EINTR) continue;
       if (r < 0)
         return Status::FromErrno("reading " + what + " at byte " + std::to_string(off), errno);
@@ -425,22 +515,19 @@ class TreeCheck {
     return Status::Ok();
   }
 
-  Status Walk(uint64_t pgno, uint16_t depth, uint64_t* found) {
-    // Messages are built only on failure: this runs for every node of a shard at open.
+  // One page's own fields, all that LMDB trusts when it searches or reads
+  // it: its number and type, free-space bounds, each node's offset, key and
+  // value extent (overflow pages in the file), children among the file's
+  // pages, keys in order (nothing else makes LMDB's binary search and the
+  // check's take the same path).
+  Status CheckPage(const uint8_t* page, uint64_t pgno, bool leaf) const {
+    // Messages are built only on failure: this runs for every node of a page.
     auto at = [pgno] { return "page " + std::to_string(pgno); };
-    if (pgno < 2 || pgno >= pages_) return Bad(at() + " is outside the file's pages");
-    // A page reached twice: a cycle, or two parents (each page of a B-tree
-    // has one). Without this a crafted file could make the walk endless.
-    if (visited_[pgno]) return Bad(at() + " is reached twice");
-    visited_[pgno] = true;
-    std::vector<uint8_t>& page = buffers_[depth];
-    NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, page.data(), psize_, "page"));
     if (Get<uint64_t>(page, 0) != pgno) {
       return Bad(at() + " says it is page " + std::to_string(Get<uint64_t>(page, 0)));
     }
     const uint16_t flags = Get<uint16_t>(page, 10), lower = Get<uint16_t>(page, 12),
                    upper = Get<uint16_t>(page, 14);
-    const bool leaf = depth == 1;
     if (flags != (leaf ? kLeaf : kBranch)) {
       return Bad(at() + " has flags " + std::to_string(flags) + ", expected a " +
                  (leaf ? "leaf" : "branch") + " page");
@@ -451,6 +538,8 @@ class TreeCheck {
     }
     const size_t n = (lower - 16) / 2;
     if (n == 0) return Bad(at() + " is empty");
+    const uint8_t* prev_key = nullptr;
+    size_t prev_size = 0;
     for (size_t i = 0; i < n; ++i) {
       const size_t off = Get<uint16_t>(page, 16 + 2 * i);
       auto node = [&at, i] { return at() + " node " + std::to_string(i); };
@@ -458,6 +547,15 @@ class TreeCheck {
       const uint32_t lo = Get<uint16_t>(page, off), hi = Get<uint16_t>(page, off + 2);
       const uint16_t nflags = Get<uint16_t>(page, off + 4), ksize = Get<uint16_t>(page, off + 6);
       if (off + 8 + ksize > psize_) return Bad(node() + "'s key runs past the page");
+      // A branch page's first key is never compared (it stands for all below the second).
+      if (leaf || i > 0) {
+        const uint8_t* key = page + off + 8;
+        if (prev_key != nullptr && CompareKeys(prev_key, prev_size, key, ksize) >= 0) {
+          return Bad(node() + "'s key is not after the key before it");
+        }
+        prev_key = key;
+        prev_size = ksize;
+      }
       if (leaf) {
         const size_t data = off + 8 + ksize;
         if (nflags & (kSubData | kDupData)) {
@@ -467,7 +565,7 @@ class TreeCheck {
         if (nflags & kBigData) {
           if (data + 8 > psize_) return Bad(node() + "'s overflow page number runs past the page");
           uint64_t first;
-          std::memcpy(&first, page.data() + data, 8);
+          std::memcpy(&first, page + data, 8);
           const uint64_t span = (size + 16 + psize_ - 1) / psize_;
           if (first < 2 || first >= pages_ || span > pages_ - first) {
             return Bad(node() + "'s value (" + std::to_string(size) + " bytes at page " +
@@ -476,30 +574,73 @@ class TreeCheck {
         } else if (data + size > psize_) {
           return Bad(node() + "'s value runs past the page");
         }
-        if (++*found > entries_) {
-          return Bad("its tree holds more records than its meta page's " +
-                     std::to_string(entries_));
-        }
       } else {
         const uint64_t child = lo | (uint64_t{hi} << 16) | (uint64_t{nflags} << 32);
-        NL_RETURN_IF_ERROR(Walk(child, static_cast<uint16_t>(depth - 1), found));
+        if (child < 2 || child >= pages_) {
+          return Bad(node() + "'s child, page " + std::to_string(child) +
+                     ", is outside the file's pages");
+        }
       }
     }
     return Status::Ok();
   }
 
-  int fd_;
+  Status WalkAll() {
+    if (root_ == kNoPage) return Status::Ok();
+    if (root_ < 2 || root_ >= pages_) {
+      return Bad("page " + std::to_string(root_) + " is outside the file's pages");
+    }
+    std::vector<bool> visited(pages_, false);
+    std::vector<std::vector<uint8_t>> buffers(depth_ + 1, std::vector<uint8_t>(psize_));
+    uint64_t found = 0;
+    NL_RETURN_IF_ERROR(Walk(root_, depth_, visited, buffers, &found));
+    if (found != entries_) {
+      return Bad("its tree holds " + std::to_string(found) + " records, its meta page says " +
+                 std::to_string(entries_));
+    }
+    return Status::Ok();
+  }
+
+  Status Walk(uint64_t pgno, uint16_t depth, std::vector<bool>& visited,
+              std::vector<std::vector<uint8_t>>& buffers, uint64_t* found) {
+    // A page reached twice: a cycle, or two parents (each page of a B-tree
+    // has one). Without this a crafted file could make the walk endless.
+    if (visited[pgno]) return Bad("page " + std::to_string(pgno) + " is reached twice");
+    visited[pgno] = true;
+    uint8_t* page = buffers[depth].data();
+    NL_RETURN_IF_ERROR(ReadAt(pgno * psize_, page, psize_, "page"));
+    const bool leaf = depth == 1;
+    NL_RETURN_IF_ERROR(CheckPage(page, pgno, leaf));
+    MarkChecked(pgno);
+    const size_t n = Nodes(page);
+    if (leaf) {
+      *found += n;
+      if (*found > entries_) {
+        return Bad("its tree holds more records than its meta page's " +
+                   std::to_string(entries_));
+      }
+      return Status::Ok();
+    }
+    for (size_t i = 0; i < n; ++i) {
+      NL_RETURN_IF_ERROR(
+          Walk(ChildPgno(page, i), static_cast<uint16_t>(depth - 1), visited, buffers, found));
+    }
+    return Status::Ok();
+  }
+
+  Fd fd_;
   uint64_t file_bytes_;
   uint32_t psize_ = 0;
   uint64_t pages_ = 0;
   uint16_t depth_ = 0;
   uint64_t root_ = kNoPage;
   uint64_t entries_ = 0;
-  std::vector<bool> visited_;
-  std::vector<std::vector<uint8_t>> buffers_;  // one page per level
+  const uint8_t* map_ = nullptr;
+  std::unique_ptr<std::atomic<uint64_t>[]> checked_;  // a bit a page
+  std::mutex whole_mu_;
+  bool whole_done_ = false;
+  Status whole_;
 };
-
-}  // namespace
 
 ShardReader::~ShardReader() {
   env_.reset();  // unmaps; only then may the slot be reused
@@ -561,7 +702,7 @@ Result<uint64_t> CheckDataFile(const std::string& root, const std::string& data,
 // memory; reading ahead is the loader's, by SplitReader::ReadTxn::WillNeed);
 // and checks that the file LMDB opened is the one `checked`
 // describes (not one swapped in meanwhile).
-Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, const Fd& checked,
+Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, int checked,
                                 const std::string& what) {
   MDB_env* raw = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_env_create(&raw), "mdb_env_create"));
@@ -575,7 +716,7 @@ Result<LmdbEnv> OpenReadOnlyEnv(const std::string& dir, uint64_t size, const Fd&
   struct stat a{};
   struct stat b{};
   if (mdb_env_get_fd(raw, &lfd) == MDB_SUCCESS && ::fstat(lfd, &a) == 0 &&
-      ::fstat(checked.get(), &b) == 0 && (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
+      ::fstat(checked, &b) == 0 && (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {
     return Status::Corruption(what + ": data.mdb was replaced while it was being opened");
   }
   return env;
@@ -638,18 +779,20 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   const std::string what = "cannot open shard " + info.path + " (" + data + ")";
   NL_ASSIGN_OR_RETURN(const uint64_t size, CheckDataFile(root, data, info, what));
   // The meta pages before LMDB reads them (the file LMDB maps is checked
-  // through this descriptor's inode).
-  const Fd fd(::open(data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  // through this descriptor's inode, which the tree check keeps reading).
+  Fd fd(::open(data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) return Status::FromErrno(what, errno);
-  TreeCheck check(fd.get(), size);
-  if (Status m = check.Meta(); !m.ok()) return Status::Corruption(what + ": " + m.message());
+  auto check = std::make_unique<TreeCheck>(std::move(fd), size);
+  if (Status m = check->Meta(); !m.ok()) return Status::Corruption(what + ": " + m.message());
   std::unique_ptr<ShardReader> r(new ShardReader());
   r->info_ = info;
-  NL_ASSIGN_OR_RETURN(r->env_, OpenReadOnlyEnv(dir, size, fd, what));
+  NL_ASSIGN_OR_RETURN(r->env_, OpenReadOnlyEnv(dir, size, check->fd(), what));
   MDB_env* env = r->env_.get();
   NL_RETURN_IF_ERROR(CheckLastPage(env, size, what));
-  if (Status tree = check.Tree(); !tree.ok())
-    return Status::Corruption(what + ": " + tree.message());
+  // The first record's path: FirstKeyInMap's cursor reads it.
+  Status first = check->Shape();
+  if (first.ok()) first = check->Path(nullptr, 0);
+  if (!first.ok()) return Status::Corruption(what + ": " + first.message());
   r->map_slot_ = RegisterMap(data, info.path + " (" + data + ")");
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
@@ -663,17 +806,21 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   }
   r->file_bytes_ = size;
   // Unconfirmed by LMDB's first key, the bounds are not checked (the tree
-  // check above still holds).
+  // check still holds) and the tree check keeps reading with pread.
   if (r->map_ != nullptr && r->entries_ > 0 && !FirstKeyInMap(t, r->dbi_, r->map_, size)) {
     r->map_ = nullptr;
   }
+  check->SetMap(r->map_);
+  r->check_ = std::move(check);
   return r;
 }
+
+Status ShardReader::CheckWholeTree() const { return check_->Whole(); }
 
 Result<ShardReader::ReadTxn> ShardReader::BeginRead() const {
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &t)));
-  return ReadTxn(LmdbTxn(t), dbi_, map_, file_bytes_);
+  return ReadTxn(LmdbTxn(t), dbi_, map_, file_bytes_, check_.get());
 }
 
 Status ShardReader::ReadTxn::CheckInFile(const MDB_val& v, const char* what) const {
@@ -692,6 +839,7 @@ Status ShardReader::ReadTxn::CheckInFile(const MDB_val& v, const char* what) con
 Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const {
   unsigned char key[8];
   EncodeKey(index, key);
+  NL_RETURN_IF_ERROR(check_->Path(key, sizeof key));
   MDB_val k{8, key}, v;
   const int rc = mdb_get(txn_.get(), dbi_, &k, &v);
   if (rc == MDB_NOTFOUND) return Status::Corruption("record missing");
@@ -701,6 +849,7 @@ Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const
 }
 
 Status ShardReader::ReadTxn::ForEach(const std::function<Status(const Entry&)>& fn) const {
+  NL_RETURN_IF_ERROR(check_->Whole());
   MDB_cursor* c = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_cursor_open(txn_.get(), dbi_, &c), "cursor"));
   std::unique_ptr<MDB_cursor, void (*)(MDB_cursor*)> cursor(c, mdb_cursor_close);

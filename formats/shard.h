@@ -67,6 +67,8 @@ class ShardWriter {
 // reader is open, a SIGBUS inside its map (the file truncated under it) writes
 // a line naming the shard to stderr before the process dies as it would have.
 class ShardReader {
+  class TreeCheck;  // formats/shard.cc
+
  public:
   static Result<std::unique_ptr<ShardReader>> Open(const std::string& root, const ShardInfo& info);
   ~ShardReader();
@@ -100,8 +102,8 @@ class ShardReader {
 
    private:
     friend class ShardReader;
-    ReadTxn(LmdbTxn txn, MDB_dbi dbi, const uint8_t* map, uint64_t file_bytes)
-        : txn_(std::move(txn)), dbi_(dbi), map_(map), file_bytes_(file_bytes) {}
+    ReadTxn(LmdbTxn txn, MDB_dbi dbi, const uint8_t* map, uint64_t file_bytes, TreeCheck* check)
+        : txn_(std::move(txn)), dbi_(dbi), map_(map), file_bytes_(file_bytes), check_(check) {}
     // A key or value LMDB hands back must lie in the file's bytes: LMDB takes
     // a value's size from its page unchecked, so a damaged page can point past
     // the file's end (SIGBUS) or the map's (SIGSEGV).
@@ -110,8 +112,14 @@ class ShardReader {
     MDB_dbi dbi_ = 0;
     const uint8_t* map_ = nullptr;
     uint64_t file_bytes_ = 0;
+    TreeCheck* check_ = nullptr;
   };
   Result<ReadTxn> BeginRead() const;
+
+  // The whole tree checked (every page; as many records as the meta page
+  // says); a cursor (ForEach) asks for it first. Reads by key check only
+  // the pages on their way, each once per reader.
+  Status CheckWholeTree() const;
 
  private:
   ShardReader() = default;
@@ -122,6 +130,7 @@ class ShardReader {
   const uint8_t* map_ = nullptr;  // LMDB's map of data.mdb
   uint64_t file_bytes_ = 0;       // data.mdb's size when opened
   int map_slot_ = -1;             // in the SIGBUS handler's table of maps
+  std::unique_ptr<TreeCheck> check_;  // the pages LMDB may read, checked first
 };
 
 // All shards of one split. Thread-safe to share; each thread takes its own ReadTxn.

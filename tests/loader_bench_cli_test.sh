@@ -57,6 +57,48 @@ if $PY -c "import json,sys; r=json.load(open(sys.argv[1]))['ranks'][0]; sys.exit
 else
   fail "--max-batches 3: $(cat "$W/out")"
 fi
+# In a memory cgroup whose limit the split does not fit in half of (where this
+# machine lets the test make one: root and a memory controller, v1 or v2):
+# auto picks blocks naming the limit, every sample comes once, nothing is
+# OOM-killed, and the loader's own memory stays within its buffers + 64 MiB.
+cgroup_make() {  # sets CG, or CG_WHY
+  CG="" CG_WHY=""
+  if [ "$(id -u)" -ne 0 ]; then
+    CG_WHY="not root"
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+    CG=/sys/fs/cgroup/nl-test-$$
+    { mkdir "$CG" && echo "$1" >"$CG/memory.max"; } 2>/dev/null || { CG_WHY="cannot make a cgroup v2 with memory.max"; rmdir "$CG" 2>/dev/null; CG=""; }
+  elif [ -w /sys/fs/cgroup/memory ]; then
+    CG=/sys/fs/cgroup/memory/nl-test-$$
+    { mkdir "$CG" && echo "$1" >"$CG/memory.limit_in_bytes"; } 2>/dev/null || { CG_WHY="cannot make a cgroup v1 with memory.limit_in_bytes"; rmdir "$CG" 2>/dev/null; CG=""; }
+  else
+    CG_WHY="no writable memory cgroup controller"
+  fi
+}
+cgroup_oom_kills() {  # v2 memory.events, v1 memory.oom_control (kernels since 4.13)
+  cat "$CG/memory.events" "$CG/memory.oom_control" 2>/dev/null | awk '$1 == "oom_kill" { n += $2 } END { print n + 0 }'
+}
+cgroup_make $((64 << 20))
+if [ -z "$CG" ]; then
+  skip "a split bigger than half a memory cgroup's limit: $CG_WHY"
+else
+  "$PT" fake-cifar100 "$W/c12k" --train 12000 --test 10 >/dev/null && "$PT" cifar100 "$W/c12k" "$W/p12k" >/dev/null 2>&1
+  expect_rc_stdout 0 "a 37 MB split in a 64 MiB memory cgroup, --order auto, 2 ranks" sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" \
+    "$LB" --data "$W/p12k" --ranks 2 --batch-size 64 --epochs 1 --image-size 32 --record-indices "$W/cg.jsonl" --json
+  expect_out "order blocks \(auto: the split's [0-9.]+ MiB does not fit in half of the 64 MiB this process may use \(cgroup v[12] " \
+    "auto picks blocks, naming the cgroup's limit"
+  cp "$W/out" "$W/cg.json"
+  expect_rc 0 "every sample once, anonymous memory within the prefetch buffers + 64 MiB" $PY - "$W/cg.jsonl" "$W/cg.json" <<'PYEOF'
+import json, sys, collections
+lines = [json.loads(l) for l in open(sys.argv[1])]
+c = collections.Counter(i for l in lines for i in l["indices"])
+assert set(c) == set(range(12000)) and sum(c.values()) == 12000, "not every sample once"
+for r in json.load(open(sys.argv[2]))["ranks"]:
+    assert r["rss_anon_mib"] <= r["buffers_mib"] + 64, r
+PYEOF
+  if [ "$(cgroup_oom_kills)" = 0 ]; then ok "nothing OOM-killed in the cgroup"; else fail "OOM kills in the cgroup: $(cgroup_oom_kills)"; fi
+  rmdir "$CG" 2>/dev/null || true
+fi
 expect_rc 1 "--order sequential is refused" "$LB" --data "$W/p" --order sequential
 expect_text "unknown --order 'sequential' (use random, blocks or auto)" "naming the choices"
 expect_rc 1 "--io-memory 1.5G is refused" "$LB" --data "$W/p" --io-memory 1.5G
