@@ -2,12 +2,12 @@
 # How the loader's cost grows with the split, in one run: a 50,000-record and
 # a 1,000,000-record split of CIFAR-sized records (3 KiB, packed raw; 32 px,
 # no resize, so the figures are I/O and access, not pixels), read by one
-# loader thread in each order (random, blocks, auto), first in the page cache,
+# loader thread (--threads) in each order (random, blocks, auto), first in the page cache,
 # then in a memory cgroup of --limit bytes with the page cache dropped (the
-# 1M split is then ~3.8x the memory it may use), against the disk's own rates
+# 1M split is then ~3.8x the memory it may use; OOM kills in it counted), against the disk's own rates
 # measured in the same cgroup in the same run: random 4 KiB preads (one at a
 # time) and one shard read front to back (1 MiB reads).
-#   bench/scale_bench.sh [WORKDIR] [--limit BYTES] [--batches N]
+#   bench/scale_bench.sh [WORKDIR] [--limit BYTES] [--batches N] [--threads N]
 # Root is needed for the cgroup rows (cgroup v1's memory controller, or v2's
 # memory.max) and to drop the page cache; where the machine does not allow
 # it, those rows are skipped with a line saying why.
@@ -15,12 +15,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/scale-bench}
 limit=$((1 << 30))
-batches=3000  # 192,000 records a row on the 1M split (64 a batch)
+batches=3000  # 192,000 records a row (64 a batch; the 50k split read ~4 times)
+threads=1
 shift || true
 while [ $# -gt 0 ]; do
   case $1 in
     --limit) limit=$2; shift 2 ;;
     --batches) batches=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
     *) echo "scale_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -65,8 +67,8 @@ warm() { cat "$work/$1"/train/*/data.mdb >/dev/null; }
 loader() {  # SET ORDER [in_cg] -> "images/s|read-ahead MiB|plan line"
   local set=$1 order=$2 wrap=${3:-}
   local out
-  out=$($wrap "$B/loader_bench" --data "$work/$set" --ranks 1 --threads-per-rank 1 --bind off \
-    --image-size 32 --order "$order" --max-batches "$batches" --json 2>"$work/err") ||
+  out=$($wrap "$B/loader_bench" --data "$work/$set" --ranks 1 --threads-per-rank "$threads" --bind off \
+    --image-size 32 --order "$order" --epochs 100 --max-batches "$batches" --json 2>"$work/err") ||
     { echo "error: $(tail -1 "$work/err")"; return; }
   echo "$out" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())['ranks'][0]; print('%.0f|%.1f|%.0f' % (r['images_per_s'], r['read_ahead_mib'], r['rss_anon_mib']))"
   grep -o "order .*" "$work/err" | head -1 >"$work/plan-$set-$order"
@@ -101,7 +103,7 @@ print("%.0f|%.0f" % (rand, seq))
 PYEOF
 
 rec_bytes=$($PY -c "import json,sys; m=json.load(open(sys.argv[1])); s=m['splits']['train']; print(sum(x['bytes'] for x in s['shards']) // s['num_samples'])" "$work/s1m/manifest.json")
-echo "== sets: 50,000 and 1,000,000 records of $rec_bytes bytes; one loader thread, 32 px, batches of 64, $batches batches a row at most"
+echo "== sets: 50,000 and 1,000,000 records of $rec_bytes bytes; $threads loader thread(s), 32 px, batches of 64, $batches batches a row"
 printf '| split | where | order | img/s | read-ahead MiB | anon RSS MiB |\n|---|---|---|---:|---:|---:|\n'
 declare -A rate
 for set in s50k s1m; do
@@ -121,6 +123,8 @@ else
     rate[s1m-cg-$order]=$r
     printf '| s1m | %s cgroup, cache dropped | %s | %s | %s | %s |\n' "$(numfmt --to=iec "$limit")" "$order" "$r" "$ahead" "$rss"
   done
+  oom=$({ cat "$cg/memory.events" "$cg/memory.oom_control" 2>/dev/null || true; } | awk '$1 == "oom_kill" { n += $2 } END { print n + 0 }')
+  echo "OOM kills in the cgroup during those rows: $oom"
   drop_cache
   IFS='|' read -r drand dseq <<<"$(in_cg $PY "$work/disk.py" "$work/s1m")"
   seq_recs=$((dseq / rec_bytes))

@@ -403,7 +403,16 @@ class ShardReader::TreeCheck {
 
   // The pages LMDB's search for `key` visits (key == nullptr: the first
   // record's, as a cursor's MDB_FIRST), root to leaf.
-  Status Path(const unsigned char* key, size_t key_size) {
+  // Where a record's value lies in the file, as LMDB's mdb_get would find it.
+  struct Value {
+    bool found = false;
+    uint64_t offset = 0;  // in data.mdb
+    uint64_t size = 0;
+  };
+
+  // With `value`, also finds the key in the leaf (its pages checked, the
+  // value's bytes lie in the file): the read that needs no LMDB call.
+  Status Path(const unsigned char* key, size_t key_size, Value* value = nullptr) {
     if (root_ == kNoPage) return Status::Ok();
     thread_local std::vector<uint8_t> buffer;
     buffer.resize(psize_);
@@ -429,7 +438,10 @@ class ShardReader::TreeCheck {
         NL_RETURN_IF_ERROR(CheckPage(page, pgno, leaf));
         MarkChecked(pgno);
       }
-      if (leaf) return Status::Ok();
+      if (leaf) {
+        if (value != nullptr && key != nullptr) *value = FindInLeaf(page, pgno, key, key_size);
+        return Status::Ok();
+      }
       pgno = ChildPgno(page, key == nullptr ? 0 : ChildIndex(page, key, key_size));
     }
   }
@@ -492,6 +504,47 @@ class ShardReader::TreeCheck {
       }
     }
     return lo - 1;
+  }
+
+  // The node with exactly `key` in a checked leaf page (keys in order).
+  Value FindInLeaf(const uint8_t* page, uint64_t pgno, const unsigned char* key,
+                   size_t key_size) const {
+    size_t lo = 0, hi = Nodes(page);
+    // Packed shards hold consecutive 8-byte big-endian indices: the key is
+    // then as many nodes after the first as its index is after the first's.
+    // One guess, checked like any probe, saves the binary search's cache misses.
+    if (key_size == 8 && hi > 0 && Get<uint16_t>(NodeAt(page, 0), 6) == 8) {
+      const uint64_t first = DecodeKey(NodeAt(page, 0) + 8), want = DecodeKey(key);
+      if (want >= first && want - first < hi) {
+        const uint8_t* node = NodeAt(page, want - first);
+        if (CompareKeys(node + 8, Get<uint16_t>(node, 6), key, key_size) == 0) {
+          lo = want - first;
+          hi = lo + 1;
+        }
+      }
+    }
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      const uint8_t* node = NodeAt(page, mid);
+      const uint16_t ksize = Get<uint16_t>(node, 6);
+      const int c = CompareKeys(node + 8, ksize, key, key_size);
+      if (c < 0) {
+        lo = mid + 1;
+      } else if (c > 0) {
+        hi = mid;
+      } else {
+        Value v;
+        v.found = true;
+        v.size = Get<uint16_t>(node, 0) | (uint64_t{Get<uint16_t>(node, 2)} << 16);
+        if (Get<uint16_t>(node, 4) & kBigData) {
+          v.offset = Get<uint64_t>(node, 8 + ksize) * psize_ + 16;  // after the overflow page's header
+        } else {
+          v.offset = pgno * psize_ + static_cast<uint64_t>(node - page) + 8 + ksize;
+        }
+        return v;
+      }
+    }
+    return Value{};
   }
 
   bool Checked(uint64_t pgno) const {
@@ -848,6 +901,43 @@ Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const
   return std::span<const uint8_t>(static_cast<const uint8_t*>(v.mv_data), v.mv_size);
 }
 
+Result<std::span<const uint8_t>> ShardReader::ReadTxn::Copy(uint64_t index,
+                                                            std::vector<uint8_t>* out) const {
+  unsigned char key[8];
+  EncodeKey(index, key);
+  TreeCheck::Value where;
+  NL_RETURN_IF_ERROR(check_->Path(key, sizeof key, &where));
+  if (!where.found) return Status::Corruption("record missing");
+  if (out->size() < where.size) out->resize(where.size);
+  size_t got = 0;
+  while (got < where.size) {
+    const ssize_t r = ::pread(check_->fd(), out->data() + got, where.size - got,
+                              static_cast<off_t>(where.offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      return Status::FromErrno("reading data.mdb at byte " + std::to_string(where.offset + got),
+                               errno);
+    }
+    if (r == 0) {
+      return Status::Corruption("data.mdb ends at byte " + std::to_string(where.offset + got) +
+                                ", inside this record (bytes " + std::to_string(where.offset) +
+                                ".." + std::to_string(where.offset + where.size) +
+                                "): the shard is truncated");
+    }
+    got += static_cast<size_t>(r);
+  }
+  return std::span<const uint8_t>(out->data(), where.size);
+}
+
+Result<ShardReader::ReadTxn::Extent> ShardReader::ReadTxn::Locate(uint64_t index) const {
+  unsigned char key[8];
+  EncodeKey(index, key);
+  TreeCheck::Value where;
+  NL_RETURN_IF_ERROR(check_->Path(key, sizeof key, &where));
+  if (!where.found) return Status::Corruption("record missing");
+  return Extent{check_->fd(), where.offset, where.size};
+}
+
 Status ShardReader::ReadTxn::ForEach(const std::function<Status(const Entry&)>& fn) const {
   NL_RETURN_IF_ERROR(check_->Whole());
   MDB_cursor* c = nullptr;
@@ -923,7 +1013,7 @@ std::string SplitReader::Where(uint64_t index) const {
 
 SplitReader::ReadTxn::ReadTxn(const SplitReader* r) : reader_(r), txns_(r->shards_.size()) {}
 
-Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
+Result<ShardReader::ReadTxn*> SplitReader::ReadTxn::TxnFor(uint64_t index) {
   if (index >= reader_->num_samples_) {
     return Status::InvalidArgument("index " + std::to_string(index) + " out of range: split '" +
                                    reader_->split_ + "' has " +
@@ -935,42 +1025,65 @@ Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
     if (!t.ok()) return t.status().WithContext(reader_->Where(index));
     txns_[si] = std::move(*t);
   }
-  Result<std::span<const uint8_t>> value = txns_[si].Get(index);
+  return &txns_[si];
+}
+
+Result<std::span<const uint8_t>> SplitReader::ReadTxn::Get(uint64_t index) {
+  NL_ASSIGN_OR_RETURN(ShardReader::ReadTxn * txn, TxnFor(index));
+  Result<std::span<const uint8_t>> value = txn->Get(index);
+  if (!value.ok()) return value.status().WithContext(reader_->Where(index));
+  return value;
+}
+
+Result<std::span<const uint8_t>> SplitReader::ReadTxn::CopyOf(uint64_t index,
+                                                              std::vector<uint8_t>* out) {
+  NL_ASSIGN_OR_RETURN(ShardReader::ReadTxn * txn, TxnFor(index));
+  Result<std::span<const uint8_t>> value = txn->Copy(index, out);
   if (!value.ok()) return value.status().WithContext(reader_->Where(index));
   return value;
 }
 
 uint64_t SplitReader::ReadTxn::WillNeed(std::span<const uint64_t> sorted_indices,
                                         uint64_t merge_gap) {
-  static const uintptr_t kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  static const uint64_t kPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   uint64_t asked = 0;
-  uintptr_t lo = 0, hi = 0;  // the run being gathered: [lo, hi)
+  int fd = -1;
+  uint64_t lo = 0, hi = 0;  // the run being gathered in fd: [lo, hi)
   auto flush = [&] {
     if (hi <= lo) return;
-    const uintptr_t a = lo & ~(kPage - 1);
-    // Only a hint: an error (a range the kernel will not read ahead) changes nothing.
-    (void)madvise(reinterpret_cast<void*>(a), hi - a, MADV_WILLNEED);
+    const uint64_t a = lo & ~(kPage - 1);
+    // Only a hint: an error changes nothing.
+    (void)posix_fadvise(fd, static_cast<off_t>(a), static_cast<off_t>(hi - a), POSIX_FADV_WILLNEED);
     asked += hi - a;
     lo = hi = 0;
   };
   for (uint64_t index : sorted_indices) {
-    Result<std::span<const uint8_t>> v = Get(index);
-    if (!v.ok() || v->empty()) continue;  // the read that needs it reports it
-    const auto b = reinterpret_cast<uintptr_t>(v->data()), e = b + v->size();
-    if (hi > lo && b >= lo && b <= hi + merge_gap) {
-      hi = std::max(hi, e);
+    Result<ShardReader::ReadTxn*> txn = TxnFor(index);
+    if (!txn.ok()) continue;  // the read that needs it reports it
+    Result<ShardReader::ReadTxn::Extent> e = (*txn)->Locate(index);
+    if (!e.ok() || e->size == 0) continue;
+    const uint64_t b = e->offset, end = b + e->size;
+    if (hi > lo && e->fd == fd && b >= lo && b <= hi + merge_gap) {
+      hi = std::max(hi, end);
     } else {
       flush();
+      fd = e->fd;
       lo = b;
-      hi = e;
+      hi = end;
     }
   }
   flush();
   return asked;
 }
 
-Result<RecordView> SplitReader::ReadTxn::Read(uint64_t index, const RecordLimits& limits) {
-  NL_ASSIGN_OR_RETURN(auto bytes, Get(index));
+Result<RecordView> SplitReader::ReadTxn::Read(uint64_t index, const RecordLimits& limits,
+                                              std::vector<uint8_t>* copy) {
+  std::span<const uint8_t> bytes;
+  if (copy == nullptr) {
+    NL_ASSIGN_OR_RETURN(bytes, Get(index));
+  } else {
+    NL_ASSIGN_OR_RETURN(bytes, CopyOf(index, copy));
+  }
   RecordLimits l = limits;
   if (l.num_classes == 0) l.num_classes = reader_->num_classes_;
   Result<RecordView> r = DecodeRecord(bytes, l);

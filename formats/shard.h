@@ -96,6 +96,21 @@ class ShardReader {
     bool active() const { return txn_.get() != nullptr; }
     // The record at `index`; Corruption "record missing" when absent.
     Result<std::span<const uint8_t>> Get(uint64_t index) const;
+    // The record at `index` read with pread into *out (grown as needed),
+    // found by the tree check's own search of the checked pages (the same
+    // path and node as LMDB's mdb_get), not through the map: no page fault
+    // and no page-table entry for the record (on a split of millions of
+    // records, faults cost more than the copy), one search instead of two.
+    // A file cut short under the reader: Corruption where the record's bytes
+    // are cut, the SIGBUS handler's message where a tree page is.
+    Result<std::span<const uint8_t>> Copy(uint64_t index, std::vector<uint8_t>* out) const;
+    // Where that record lies: data.mdb's descriptor (the reader's), byte offset, size.
+    struct Extent {
+      int fd = -1;
+      uint64_t offset = 0;
+      uint64_t size = 0;
+    };
+    Result<Extent> Locate(uint64_t index) const;
     // Visits every entry in key order with a cursor, stopping at the first
     // error fn returns. A failed cursor step is an error "cursor: ...".
     Status ForEach(const std::function<Status(const Entry&)>& fn) const;
@@ -150,10 +165,14 @@ class SplitReader {
     // The record's bytes, pointing into the map (valid while this txn lives).
     // Errors name the split, shard and index.
     Result<std::span<const uint8_t>> Get(uint64_t index);
-    // Get + DecodeRecord (bounds, label < classes, CRCs).
-    Result<RecordView> Read(uint64_t index, const RecordLimits& limits = {});
+    // ShardReader::ReadTxn::Copy, with the same context as Get.
+    Result<std::span<const uint8_t>> CopyOf(uint64_t index, std::vector<uint8_t>* out);
+    // Get (or CopyOf into *copy, when given) + DecodeRecord (bounds, label <
+    // classes, CRCs); the view points into the map or into *copy.
+    Result<RecordView> Read(uint64_t index, const RecordLimits& limits = {},
+                            std::vector<uint8_t>* copy = nullptr);
     // Asks the kernel to start reading these records' pages now
-    // (madvise MADV_WILLNEED: asynchronous, many requests in flight) so that
+    // (posix_fadvise WILLNEED: asynchronous, many requests in flight) so that
     // reading them later does not wait on the disk. Records that lie within
     // `merge_gap` bytes of each other in a shard's file become one request
     // (a run of consecutive indices: one sequential read). Finding a record
@@ -164,6 +183,7 @@ class SplitReader {
    private:
     friend class SplitReader;
     explicit ReadTxn(const SplitReader* r);
+    Result<ShardReader::ReadTxn*> TxnFor(uint64_t index);  // begun on first use
     const SplitReader* reader_;
     std::vector<ShardReader::ReadTxn> txns_;  // one per shard, begun lazily
   };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -424,6 +425,30 @@ TEST(Shard, BranchKeysOutOfOrderAreCorruption) {
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
   EXPECT_NE(s.message().find("node 2's key is not after the key before it"), std::string::npos)
       << s.ToString();
+}
+
+TEST(Shard, CopyFindsTheSameBytesAsLmdbForEveryRecord) {
+  // Copy and Locate search the checked pages themselves (no mdb_get): for
+  // every record of a deep tree of inline values and of a shard of values in
+  // overflow pages, the bytes LMDB gives.
+  testing::ScratchDir small, big;
+  for (const auto& [root, m] : {std::pair{small.path(), WriteShards(small.path(), {40000})},
+                                std::pair{big.path(), WriteBigRecords(big.path(), 300)}}) {
+    Result<std::unique_ptr<SplitReader>> r = SplitReader::Open(root, m, "train");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Result<ShardReader::ReadTxn> txn = (*r)->shards()[0]->BeginRead();
+    ASSERT_TRUE(txn.ok());
+    std::vector<uint8_t> buffer;
+    const uint64_t n = (*r)->size();
+    for (uint64_t i = 0; i < n; ++i) {
+      Result<std::span<const uint8_t>> lmdb = txn->Get(i);
+      Result<std::span<const uint8_t>> copy = txn->Copy(i, &buffer);
+      ASSERT_TRUE(lmdb.ok() && copy.ok()) << i;
+      ASSERT_TRUE(std::equal(lmdb->begin(), lmdb->end(), copy->begin(), copy->end())) << i;
+    }
+    EXPECT_EQ(txn->Copy(n, &buffer).status().message(), "record missing");
+    EXPECT_EQ(txn->Get(n).status().message(), "record missing");
+  }
 }
 
 // Read system calls this process made (/proc/self/io's syscr), or -1.

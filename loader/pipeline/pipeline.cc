@@ -120,6 +120,7 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   const bool ahead = p.io_memory > 0 && (!fits || p.order == SampleOrder::kBlocks);
   if (ahead)
     p.ahead_samples = p.order == SampleOrder::kBlocks ? p.block_samples * p.window_blocks : window;
+  p.pread_records = ahead || !fits || split_bytes > kPreadAbove;
   p.summary = std::string("order ") + SampleOrderName(p.order) + " (" + why + ")";
   if (p.order == SampleOrder::kBlocks) {
     p.summary += "; blocks of " + std::to_string(p.block_samples) + " samples (" +
@@ -283,7 +284,7 @@ struct Pipeline::Impl {
   }
 
   Status RunWorker(int id) {
-    SamplePath path(*reader, c.transform, c.limits);
+    SamplePath path(*reader, c.transform, c.limits, plan.pread_records);
     WorkerStats& ws = *wstats[id];
     const uint32_t bsz = c.batch_size;
     // This worker's copy of the current epoch's list: the shared cache (and

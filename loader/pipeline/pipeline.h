@@ -160,8 +160,15 @@ struct ReadPlan {
   // window and the next are asked for); 0: no read-ahead.
   uint64_t ahead_samples = 0;
   uint64_t io_memory = 0;  // bytes two windows of records take, about
-  std::string summary;     // one line: which order and why
+  // Records read with pread (SplitReader::ReadTxn::CopyOf) rather than
+  // through the map: where the split is read from disk (read-ahead on) or
+  // is bigger than kPreadAbove (a page fault and a page-table entry per
+  // record cost more than a system call and a copy); smaller cached splits
+  // stay mapped (after the first epoch, no faults at all).
+  bool pread_records = false;
+  std::string summary;  // one line: which order and why
 };
+inline constexpr uint64_t kPreadAbove = uint64_t{1} << 30;
 ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,
                      uint64_t memory_bytes, const std::string& memory_source);
 

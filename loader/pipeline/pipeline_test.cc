@@ -170,6 +170,9 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
   ReadPlan fits = PlanReading(c, 1'000'000, 3 * kGiB, 24 * kGiB, "this machine's memory");
   EXPECT_EQ(fits.order, SampleOrder::kRandom);
   EXPECT_EQ(fits.ahead_samples, 0u);
+  EXPECT_TRUE(fits.pread_records) << "3 GiB: bigger than kPreadAbove";
+  EXPECT_FALSE(PlanReading(c, 10'000, kGiB / 8, 24 * kGiB, "x").pread_records)
+      << "a small split in memory stays mapped";
   EXPECT_EQ(fits.summary,
             "order random (auto: the split's 3 GiB fits in half of the 24 GiB this process may use "
             "(this machine's memory)); no read-ahead (the split fits in memory)");
@@ -181,6 +184,7 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
   EXPECT_EQ(big.block_samples, 32u);
   EXPECT_EQ(big.window_blocks, 512u);
   EXPECT_EQ(big.ahead_samples, 32u * 512u);
+  EXPECT_TRUE(big.pread_records);
   EXPECT_NE(
       big.summary.find("order blocks (auto: the split's 4 GiB does not fit in half of the 1 GiB"),
       std::string::npos)

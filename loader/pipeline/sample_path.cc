@@ -14,8 +14,12 @@ uint64_t NanosSince(Clock::time_point t) {
 }  // namespace
 
 SamplePath::SamplePath(const SplitReader& reader, const TransformConfig& transform,
-                       const DecodeLimits& limits)
-    : reader_(&reader), txn_(reader.BeginRead()), transform_(transform), limits_(limits) {}
+                       const DecodeLimits& limits, bool pread_records)
+    : reader_(&reader),
+      txn_(reader.BeginRead()),
+      transform_(transform),
+      limits_(limits),
+      pread_records_(pread_records) {}
 
 Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label,
                         SampleTimes* times) {
@@ -23,7 +27,7 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
   const auto t0 = Clock::now();
   RecordLimits rl;
   rl.max_pixels = limits_.max_pixels;
-  NL_ASSIGN_OR_RETURN(RecordView rec, txn_.Read(index, rl));
+  NL_ASSIGN_OR_RETURN(RecordView rec, txn_.Read(index, rl, pread_records_ ? &record_ : nullptr));
   const auto t1 = Clock::now();
   t.read_ns = NanosSince(t0);
   const uint8_t* rgb = rec.payload.data();

@@ -28,8 +28,10 @@ struct SampleTimes {
 // and scratch buffers). `reader` must outlive it.
 class SamplePath {
  public:
+  // `pread_records`: records read with pread into this path's buffer
+  // (ReadPlan::pread_records), else through the map.
   SamplePath(const SplitReader& reader, const TransformConfig& transform,
-             const DecodeLimits& limits);
+             const DecodeLimits& limits, bool pread_records = false);
 
   // Bytes Load() writes: SampleTransform(transform).SampleBytes().
   size_t sample_bytes() const { return transform_.SampleBytes(); }
@@ -47,6 +49,8 @@ class SamplePath {
   SampleTransform transform_;
   DecodeLimits limits_;
   Image decoded_;
+  bool pread_records_;
+  std::vector<uint8_t> record_;  // the record's bytes, read with pread
 };
 
 }  // namespace nl

@@ -61,6 +61,22 @@ TEST(SamplePath, ATruthfulRecordIsResizedLikeTheTransformAlone) {
   EXPECT_EQ(got, want);
 }
 
+TEST(SamplePath, RecordsReadWithPreadGiveTheSameSampleAsThroughTheMap) {
+  testing::ScratchDir d;
+  Opened o = Open(LyingSet(d));
+  TransformConfig tc;
+  tc.image_size = 16;
+  SamplePath mapped(*o.reader, tc, DecodeLimits{}, false), copied(*o.reader, tc, DecodeLimits{}, true);
+  std::vector<uint8_t> a(mapped.sample_bytes()), b(copied.sample_bytes());
+  int64_t la = -1, lb = -2;
+  ASSERT_TRUE(mapped.Load(0, 0, a.data(), &la).ok());
+  ASSERT_TRUE(copied.Load(0, 0, b.data(), &lb).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(la, lb);
+  Status bad = copied.Load(0, 1, b.data(), &lb);
+  EXPECT_EQ(bad.ToString(), mapped.Load(0, 1, a.data(), &la).ToString()) << "the same errors too";
+}
+
 TEST(SamplePath, AHeaderThatDisagreesWithItsPayloadIsCorruptionNamingTheSample) {
   testing::ScratchDir d;
   Opened o = Open(LyingSet(d));
