@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-build/scale-bench}
 limit=$((1 << 30))
-batches=3000  # 192,000 records a row (64 a batch; the 50k split read ~4 times)
+batches=15625  # 1,000,000 records a row (64 a batch): a whole epoch of the 1M split, 20 of the 50k
 threads=1
 shift || true
 while [ $# -gt 0 ]; do

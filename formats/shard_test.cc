@@ -263,11 +263,31 @@ class RawShard {
   // The meta page LMDB uses (the higher transaction id) and the tree's root page.
   size_t Meta() const { return Get<uint64_t>(4096 + 144) > Get<uint64_t>(144) ? 4096 : 0; }
   size_t Root() const { return Get<uint64_t>(Meta() + 128) * 4096; }
+  // Node i of the page at byte `page`, and a branch node's child page.
+  size_t Node(size_t page, size_t i) const { return page + Get<uint16_t>(page + 16 + 2 * i); }
+  uint64_t Child(size_t node) const {
+    return Get<uint16_t>(node) | (uint64_t{Get<uint16_t>(node + 2)} << 16) |
+           (uint64_t{Get<uint16_t>(node + 4)} << 32);
+  }
+  void SetChild(size_t node, uint64_t pgno) {
+    for (int k = 0; k < 3; ++k) Set<uint16_t>(node + 2 * k, static_cast<uint16_t>(pgno >> (16 * k)));
+  }
   void Save() const { ASSERT_TRUE(WriteFile(path_, bytes_.data(), bytes_.size()).ok()); }
 
  private:
   std::string path_;
   std::vector<uint8_t> bytes_;
+};
+
+// A 3,000-record shard: its root is a branch page, its children leaves.
+struct BranchShard {
+  explicit BranchShard(const std::string& dir)
+      : manifest(WriteShards(dir, {3000})), raw(dir + "/train/shard-0/data.mdb"), root(raw.Root()) {
+    EXPECT_EQ(raw.Get<uint16_t>(root + 10), 1) << "the root is a branch page";
+  }
+  Manifest manifest;
+  RawShard raw;
+  size_t root;
 };
 
 // Records of 3,000 bytes: each in its own overflow pages, as images are.
@@ -330,17 +350,13 @@ TEST(Shard, ABranchPageReachedTwiceIsCorruptionNotAnEndlessWalk) {
   // seen, the whole-tree walk went down it 32 levels deep, ~2,000 ways at
   // each. A read's path is as deep as the meta page says, then needs a leaf.
   testing::ScratchDir dir;
-  Manifest m = WriteShards(dir.path(), {3000});
-  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
-  const size_t root = raw.Root();
-  ASSERT_EQ(raw.Get<uint16_t>(root + 10), 1) << "the root is a branch page";
+  BranchShard shard(dir.path());
+  Manifest& m = shard.manifest;
+  RawShard& raw = shard.raw;
+  const size_t root = shard.root;
   const uint64_t root_pgno = root / 4096;
-  for (size_t i = 0; i < 2; ++i) {  // the first two children: the root itself
-    const size_t node = root + raw.Get<uint16_t>(root + 16 + 2 * i);
-    raw.Set<uint16_t>(node, static_cast<uint16_t>(root_pgno));
-    raw.Set<uint16_t>(node + 2, 0);
-    raw.Set<uint16_t>(node + 4, 0);
-  }
+  raw.SetChild(raw.Node(root, 0), root_pgno);  // the first two children: the root itself
+  raw.SetChild(raw.Node(root, 1), root_pgno);
   raw.Set<uint16_t>(raw.Meta() + 88 + 6, 32);  // and as deep as allowed
   raw.Save();
   Status s = SplitReader::Open(dir.path(), m, "train").status();
@@ -356,12 +372,11 @@ TEST(Shard, APageWithTwoParentsIsFoundByTheWholeTreeWalk) {
   // is sound (a record under the lost page is missing), the cursor's walk
   // over the whole tree says what is wrong.
   testing::ScratchDir dir;
-  Manifest m = WriteShards(dir.path(), {3000});
-  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
-  const size_t root = raw.Root();
-  ASSERT_EQ(raw.Get<uint16_t>(root + 10), 1) << "the root is a branch page";
-  const size_t first = root + raw.Get<uint16_t>(root + 16), second = root + raw.Get<uint16_t>(root + 18);
-  for (size_t k = 0; k < 6; k += 2) raw.Set<uint16_t>(second + k, raw.Get<uint16_t>(first + k));
+  BranchShard shard(dir.path());
+  Manifest& m = shard.manifest;
+  RawShard& raw = shard.raw;
+  const size_t root = shard.root;
+  raw.SetChild(raw.Node(root, 1), raw.Child(raw.Node(root, 0)));
   raw.Save();
   Result<std::unique_ptr<SplitReader>> r = SplitReader::Open(dir.path(), m, "train");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -380,14 +395,13 @@ TEST(Shard, ADamagedLeafAwayFromTheFirstRecordIsFoundByTheReadThatVisitsIt) {
   // Opening checks the first record's path only; the read of a record under
   // the damaged leaf checks that leaf before LMDB reads it.
   testing::ScratchDir dir;
-  Manifest m = WriteShards(dir.path(), {3000});
-  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
-  const size_t root = raw.Root();
-  ASSERT_EQ(raw.Get<uint16_t>(root + 10), 1) << "the root is a branch page";
+  BranchShard shard(dir.path());
+  Manifest& m = shard.manifest;
+  RawShard& raw = shard.raw;
+  const size_t root = shard.root;
   const size_t nodes = (raw.Get<uint16_t>(root + 12) - 16u) / 2;
   ASSERT_GE(nodes, 3u);
-  const size_t last = root + raw.Get<uint16_t>(root + 16 + 2 * (nodes - 1));
-  const uint64_t leaf = raw.Get<uint16_t>(last) | (uint64_t{raw.Get<uint16_t>(last + 2)} << 16);
+  const uint64_t leaf = raw.Child(raw.Node(root, nodes - 1));
   ASSERT_EQ(raw.Get<uint16_t>(leaf * 4096 + 10), 2) << "a leaf page";
   raw.Set<uint16_t>(leaf * 4096 + 16, 0xFFF0);  // its first node's offset
   raw.Save();
@@ -410,11 +424,11 @@ TEST(Shard, BranchKeysOutOfOrderAreCorruption) {
   // LMDB's binary search and the check's must take the same path: keys out
   // of order would let them part.
   testing::ScratchDir dir;
-  Manifest m = WriteShards(dir.path(), {3000});
-  RawShard raw(dir.path() + "/train/shard-0/data.mdb");
-  const size_t root = raw.Root();
-  ASSERT_EQ(raw.Get<uint16_t>(root + 10), 1) << "the root is a branch page";
-  const size_t a = root + raw.Get<uint16_t>(root + 18), b = root + raw.Get<uint16_t>(root + 20);
+  BranchShard shard(dir.path());
+  Manifest& m = shard.manifest;
+  RawShard& raw = shard.raw;
+  const size_t root = shard.root;
+  const size_t a = raw.Node(root, 1), b = raw.Node(root, 2);
   ASSERT_EQ(raw.Get<uint16_t>(a + 6), 8);
   ASSERT_EQ(raw.Get<uint16_t>(b + 6), 8);
   const uint64_t ka = raw.Get<uint64_t>(a + 8), kb = raw.Get<uint64_t>(b + 8);

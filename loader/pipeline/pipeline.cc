@@ -120,7 +120,7 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   const bool ahead = p.io_memory > 0 && (!fits || p.order == SampleOrder::kBlocks);
   if (ahead)
     p.ahead_samples = p.order == SampleOrder::kBlocks ? p.block_samples * p.window_blocks : window;
-  p.pread_records = ahead || !fits || split_bytes > kPreadAbove;
+  p.pread_records = ahead || !fits;
   p.summary = std::string("order ") + SampleOrderName(p.order) + " (" + why + ")";
   if (p.order == SampleOrder::kBlocks) {
     p.summary += "; blocks of " + std::to_string(p.block_samples) + " samples (" +

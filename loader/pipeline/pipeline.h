@@ -161,14 +161,14 @@ struct ReadPlan {
   uint64_t ahead_samples = 0;
   uint64_t io_memory = 0;  // bytes two windows of records take, about
   // Records read with pread (SplitReader::ReadTxn::CopyOf) rather than
-  // through the map: where the split is read from disk (read-ahead on) or
-  // is bigger than kPreadAbove (a page fault and a page-table entry per
-  // record cost more than a system call and a copy); smaller cached splits
-  // stay mapped (after the first epoch, no faults at all).
+  // through the map where the split is read from disk (read-ahead on): a
+  // mapped page evicted and read again is a page fault each time. A split
+  // in memory stays mapped: one fault per 64 KiB of it per process (the
+  // kernel maps the pages around a fault), then none, where pread costs a
+  // system call per record every epoch.
   bool pread_records = false;
   std::string summary;  // one line: which order and why
 };
-inline constexpr uint64_t kPreadAbove = uint64_t{1} << 30;
 ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,
                      uint64_t memory_bytes, const std::string& memory_source);
 
