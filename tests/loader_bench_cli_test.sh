@@ -78,7 +78,14 @@ cgroup_make() {  # sets CG, or CG_WHY
 cgroup_oom_kills() {  # v2 memory.events, v1 memory.oom_control (kernels since 4.13)
   cat "$CG/memory.events" "$CG/memory.oom_control" 2>/dev/null | awk '$1 == "oom_kill" { n += $2 } END { print n + 0 }'
 }
-cgroup_make $((64 << 20))
+# Not under AddressSanitizer: its shadow memory and quarantine alone are about
+# 40 MiB of this run's anonymous memory, and the 64 MiB cgroup OOM-killed it
+# (CI, stop 22); the optimized builds run it.
+if [[ $(ldd "$LB" 2>/dev/null) == *libasan* ]]; then
+  CG="" CG_WHY="an AddressSanitizer build (its own memory does not fit a 64 MiB cgroup)"
+else
+  cgroup_make $((64 << 20))
+fi
 if [ -z "$CG" ]; then
   skip "a split bigger than half a memory cgroup's limit: $CG_WHY"
 else
