@@ -334,6 +334,11 @@ static_assert(sizeof(void*) == 8, "the LMDB layout below is that of a 64-bit bui
 class ShardReader::TreeCheck {
  public:
   TreeCheck(Fd fd, uint64_t file_bytes) : fd_(std::move(fd)), file_bytes_(file_bytes) {}
+  ~TreeCheck() {
+    if (located_ != nullptr) munmap(located_, located_count_ * sizeof(Located));
+  }
+  TreeCheck(const TreeCheck&) = delete;
+  TreeCheck& operator=(const TreeCheck&) = delete;
 
   int fd() const { return fd_.get(); }
 
@@ -414,10 +419,15 @@ class ShardReader::TreeCheck {
   // value's bytes lie in the file): the read that needs no LMDB call.
   Status Path(const unsigned char* key, size_t key_size, Value* value = nullptr) {
     if (root_ == kNoPage) return Status::Ok();
+    const bool keyed = key != nullptr && key_size == 8;
+    if (keyed && value != nullptr && Lookup(DecodeKey(key), value)) return Status::Ok();
     thread_local std::vector<uint8_t> buffer;
     buffer.resize(psize_);
     uint64_t pgno = root_;
     if (pgno < 2 || pgno >= pages_) return Bad("page " + std::to_string(pgno) + " is outside the file's pages");
+    // The keys LMDB's search routes to this page: [lo, hi) (8-byte keys).
+    Bounds bounds;
+    bounds.known = keyed;
     for (uint16_t depth = depth_;; --depth) {
       const bool leaf = depth == 1;
       const uint8_t* page;
@@ -439,10 +449,17 @@ class ShardReader::TreeCheck {
         MarkChecked(pgno);
       }
       if (leaf) {
+        if (key == nullptr) {
+          FirstLeaf(page);
+        } else if (bounds.known) {
+          Locate(page, pgno, bounds);
+        }
         if (value != nullptr && key != nullptr) *value = FindInLeaf(page, pgno, key, key_size);
         return Status::Ok();
       }
-      pgno = ChildPgno(page, key == nullptr ? 0 : ChildIndex(page, key, key_size));
+      const size_t child = key == nullptr ? 0 : ChildIndex(page, key, key_size);
+      if (bounds.known) Narrow(page, child, &bounds);
+      pgno = ChildPgno(page, child);
     }
   }
 
@@ -533,18 +550,113 @@ class ShardReader::TreeCheck {
       } else if (c > 0) {
         hi = mid;
       } else {
-        Value v;
-        v.found = true;
-        v.size = Get<uint16_t>(node, 0) | (uint64_t{Get<uint16_t>(node, 2)} << 16);
-        if (Get<uint16_t>(node, 4) & kBigData) {
-          v.offset = Get<uint64_t>(node, 8 + ksize) * psize_ + 16;  // after the overflow page's header
-        } else {
-          v.offset = pgno * psize_ + static_cast<uint64_t>(node - page) + 8 + ksize;
-        }
-        return v;
+        return ValueOf(page, pgno, node);
       }
     }
     return Value{};
+  }
+
+  // Where the value of a node of a checked leaf lies in the file.
+  Value ValueOf(const uint8_t* page, uint64_t pgno, const uint8_t* node) const {
+    const uint16_t ksize = Get<uint16_t>(node, 6);
+    Value v;
+    v.found = true;
+    v.size = Get<uint16_t>(node, 0) | (uint64_t{Get<uint16_t>(node, 2)} << 16);
+    if (Get<uint16_t>(node, 4) & kBigData) {
+      v.offset = Get<uint64_t>(node, 8 + ksize) * psize_ + 16;  // after the overflow page's header
+    } else {
+      v.offset = pgno * psize_ + static_cast<uint64_t>(node - page) + 8 + ksize;
+    }
+    return v;
+  }
+
+  // Records located once: where each value lies, by index - base_, filled
+  // from a leaf the first time a search reads it (every record of the leaf
+  // that LMDB's search routes there), so that later reads of them need no
+  // tree page: on a split of millions of records each leaf read is a cache
+  // miss or more, and a disk read once evicted. 16 bytes a record, in
+  // anonymous pages touched only as they are filled; none for a shard of
+  // more than kMaxLocated records or whose first key is not an 8-byte one.
+  struct Located {
+    uint64_t offset;  // 0: not located yet (byte 0 is a meta page, never a value)
+    uint64_t size;
+  };
+  static constexpr uint64_t kMaxLocated = uint64_t{1} << 22;  // 64 MiB of Located
+  struct Bounds {
+    bool known = false;  // false: some key on the way is not 8 bytes
+    bool has_lo = false, has_hi = false;
+    uint64_t lo = 0, hi = 0;  // [lo, hi)
+  };
+
+  bool Lookup(uint64_t index, Value* value) const {
+    if (located_ == nullptr || index - base_ >= located_count_) return false;
+    Located& l = located_[index - base_];
+    const uint64_t off = std::atomic_ref<uint64_t>(l.offset).load(std::memory_order_acquire);
+    if (off == 0) return false;
+    value->found = true;
+    value->offset = off;
+    value->size = std::atomic_ref<uint64_t>(l.size).load(std::memory_order_relaxed);
+    return true;
+  }
+
+  // The keys the child at `child` of a checked branch page is searched
+  // for: from its own key (but the first's) to the next one's.
+  static void Narrow(const uint8_t* page, size_t child, Bounds* b) {
+    auto key_of = [&](size_t i, uint64_t* k) {
+      const uint8_t* node = NodeAt(page, i);
+      if (Get<uint16_t>(node, 6) != 8) return false;
+      *k = DecodeKey(node + 8);
+      return true;
+    };
+    uint64_t k;
+    if (child > 0) {
+      if (!key_of(child, &k)) {
+        b->known = false;
+        return;
+      }
+      if (!b->has_lo || k > b->lo) b->lo = k;
+      b->has_lo = true;
+    }
+    if (child + 1 < Nodes(page)) {
+      if (!key_of(child + 1, &k)) {
+        b->known = false;
+        return;
+      }
+      if (!b->has_hi || k < b->hi) b->hi = k;
+      b->has_hi = true;
+    }
+  }
+
+  // At open, the first record's leaf: the first key, and room to locate
+  // records from it on.
+  void FirstLeaf(const uint8_t* page) {
+    if (located_ != nullptr || Nodes(page) == 0) return;
+    const uint8_t* node = NodeAt(page, 0);
+    if (Get<uint16_t>(node, 6) != 8 || entries_ == 0 || entries_ > kMaxLocated) return;
+    base_ = DecodeKey(node + 8);
+    void* p = mmap(nullptr, entries_ * sizeof(Located), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return;  // reads then search the tree each time
+    located_ = static_cast<Located*>(p);
+    located_count_ = entries_;
+  }
+
+  // Every record of a checked leaf whose key LMDB's search routes to it.
+  void Locate(const uint8_t* page, uint64_t pgno, const Bounds& b) {
+    if (located_ == nullptr) return;
+    const size_t n = Nodes(page);
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t* node = NodeAt(page, i);
+      const uint16_t ksize = Get<uint16_t>(node, 6);
+      if (ksize != 8) continue;
+      const uint64_t k = DecodeKey(node + 8);
+      if ((b.has_lo && k < b.lo) || (b.has_hi && k >= b.hi)) continue;
+      if (k - base_ >= located_count_) continue;
+      const Value v = ValueOf(page, pgno, node);
+      Located& l = located_[k - base_];
+      std::atomic_ref<uint64_t>(l.size).store(v.size, std::memory_order_relaxed);
+      std::atomic_ref<uint64_t>(l.offset).store(v.offset, std::memory_order_release);
+    }
   }
 
   bool Checked(uint64_t pgno) const {
@@ -690,6 +802,9 @@ class ShardReader::TreeCheck {
   uint64_t entries_ = 0;
   const uint8_t* map_ = nullptr;
   std::unique_ptr<std::atomic<uint64_t>[]> checked_;  // a bit a page
+  Located* located_ = nullptr;  // mmap'd, located_count_ of them
+  uint64_t located_count_ = 0;
+  uint64_t base_ = 0;  // the first record's key
   std::mutex whole_mu_;
   bool whole_done_ = false;
   Status whole_;
@@ -892,6 +1007,21 @@ Status ShardReader::ReadTxn::CheckInFile(const MDB_val& v, const char* what) con
 Result<std::span<const uint8_t>> ShardReader::ReadTxn::Get(uint64_t index) const {
   unsigned char key[8];
   EncodeKey(index, key);
+  if (map_ != nullptr) {
+    // The tree check's own search of the checked pages finds the node
+    // LMDB's mdb_get would (the same path; tested against it for every
+    // record), or its record located before: no second search of the tree,
+    // which on a split of millions of records is a cache miss or more a level.
+    TreeCheck::Value where;
+    NL_RETURN_IF_ERROR(check_->Path(key, sizeof key, &where));
+    if (!where.found) return Status::Corruption("record missing");
+    if (where.offset > file_bytes_ || where.size > file_bytes_ - where.offset) {
+      return Status::Corruption("a value of " + std::to_string(where.size) + " bytes at byte " +
+                                std::to_string(where.offset) + " does not lie in data.mdb (" +
+                                std::to_string(file_bytes_) + " bytes): the shard is damaged");
+    }
+    return std::span<const uint8_t>(map_ + where.offset, where.size);
+  }
   NL_RETURN_IF_ERROR(check_->Path(key, sizeof key));
   MDB_val k{8, key}, v;
   const int rc = mdb_get(txn_.get(), dbi_, &k, &v);

@@ -94,7 +94,10 @@ class ShardReader {
    public:
     ReadTxn() = default;  // not begun; assign the result of BeginRead()
     bool active() const { return txn_.get() != nullptr; }
-    // The record at `index`; Corruption "record missing" when absent.
+    // The record at `index`; Corruption "record missing" when absent. Found
+    // as Copy finds it (the tree check's own search, or the record located
+    // when its leaf was first read) and pointing into the map; through
+    // mdb_get only where the map's address is unknown.
     Result<std::span<const uint8_t>> Get(uint64_t index) const;
     // The record at `index` read with pread into *out (grown as needed),
     // found by the tree check's own search of the checked pages (the same

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "base/file_util.h"
+#include "formats/lmdb_env.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -273,6 +274,7 @@ class RawShard {
     for (int k = 0; k < 3; ++k) Set<uint16_t>(node + 2 * k, static_cast<uint16_t>(pgno >> (16 * k)));
   }
   void Save() const { ASSERT_TRUE(WriteFile(path_, bytes_.data(), bytes_.size()).ok()); }
+  const uint8_t* bytes_at(size_t off) const { return bytes_.data() + off; }
 
  private:
   std::string path_;
@@ -441,10 +443,13 @@ TEST(Shard, BranchKeysOutOfOrderAreCorruption) {
       << s.ToString();
 }
 
-TEST(Shard, CopyFindsTheSameBytesAsLmdbForEveryRecord) {
-  // Copy and Locate search the checked pages themselves (no mdb_get): for
-  // every record of a deep tree of inline values and of a shard of values in
-  // overflow pages, the bytes LMDB gives.
+TEST(Shard, GetAndCopyFindTheRecordsLmdbsCursorGivesInAnyOrderAndAgain) {
+  // Get (through the map) and Copy search the checked pages themselves, no
+  // mdb_get, and locate every record of a leaf they read (later reads need
+  // no tree page): for every record of a deep tree of inline values and of
+  // a shard of values in overflow pages, in shuffled order, the first time
+  // and again from the located records, the bytes (for Get, the very
+  // address) that LMDB's own cursor gives.
   testing::ScratchDir small, big;
   for (const auto& [root, m] : {std::pair{small.path(), WriteShards(small.path(), {40000})},
                                 std::pair{big.path(), WriteBigRecords(big.path(), 300)}}) {
@@ -452,17 +457,63 @@ TEST(Shard, CopyFindsTheSameBytesAsLmdbForEveryRecord) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     Result<ShardReader::ReadTxn> txn = (*r)->shards()[0]->BeginRead();
     ASSERT_TRUE(txn.ok());
-    std::vector<uint8_t> buffer;
+    std::vector<std::span<const uint8_t>> lmdb;
+    ASSERT_TRUE(txn->ForEach([&](const ShardReader::Entry& e) {
+                     EXPECT_EQ(e.index, lmdb.size());
+                     lmdb.push_back(e.value);
+                     return Status::Ok();
+                   }).ok());
     const uint64_t n = (*r)->size();
-    for (uint64_t i = 0; i < n; ++i) {
-      Result<std::span<const uint8_t>> lmdb = txn->Get(i);
-      Result<std::span<const uint8_t>> copy = txn->Copy(i, &buffer);
-      ASSERT_TRUE(lmdb.ok() && copy.ok()) << i;
-      ASSERT_TRUE(std::equal(lmdb->begin(), lmdb->end(), copy->begin(), copy->end())) << i;
+    ASSERT_EQ(lmdb.size(), n);
+    std::vector<uint64_t> order(n);
+    for (uint64_t i = 0; i < n; ++i) order[i] = (i * 7919) % n;  // 7919 is prime: a permutation
+    std::vector<uint8_t> buffer;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint64_t i : order) {
+        Result<std::span<const uint8_t>> got = txn->Get(i);
+        Result<std::span<const uint8_t>> copy = txn->Copy(i, &buffer);
+        ASSERT_TRUE(got.ok() && copy.ok()) << i;
+        ASSERT_EQ(got->data(), lmdb[i].data()) << i;
+        ASSERT_EQ(got->size(), lmdb[i].size()) << i;
+        ASSERT_TRUE(std::equal(lmdb[i].begin(), lmdb[i].end(), copy->begin(), copy->end())) << i;
+      }
     }
     EXPECT_EQ(txn->Copy(n, &buffer).status().message(), "record missing");
     EXPECT_EQ(txn->Get(n).status().message(), "record missing");
   }
+}
+
+TEST(Shard, ARecordInALeafLmdbsSearchDoesNotRouteToIsMissingEvenAfterItsLeafWasRead) {
+  // A branch key lowered (still in order): the last records of the leaf
+  // before it are now routed, by LMDB's search, to the next leaf, which does
+  // not hold them: for LMDB they are missing. Reading a record of the first
+  // leaf locates its records, only those LMDB routes there.
+  testing::ScratchDir dir;
+  BranchShard shard(dir.path());
+  RawShard& raw = shard.raw;
+  const size_t b1 = raw.Node(shard.root, 1), b2 = raw.Node(shard.root, 2);
+  ASSERT_EQ(raw.Get<uint16_t>(b2 + 6), 8);
+  unsigned char key[8];
+  std::memcpy(key, &raw.bytes_at(b1 + 8)[0], 8);
+  const uint64_t k1 = DecodeKey(key);
+  std::memcpy(key, &raw.bytes_at(b2 + 8)[0], 8);
+  const uint64_t k2 = DecodeKey(key);
+  ASSERT_GT(k2, k1 + 20);
+  EncodeKey(k2 - 10, key);
+  for (int i = 0; i < 8; ++i) raw.Set<uint8_t>(b2 + 8 + i, key[i]);
+  raw.Save();
+  Result<std::unique_ptr<SplitReader>> r = SplitReader::Open(dir.path(), shard.manifest, "train");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Result<ShardReader::ReadTxn> txn = (*r)->shards()[0]->BeginRead();
+  ASSERT_TRUE(txn.ok());
+  std::vector<uint8_t> buffer;
+  ASSERT_TRUE(txn->Get(k2 - 20).ok());  // in the first leaf, routed there
+  for (uint64_t i = k2 - 10; i < k2; ++i) {
+    EXPECT_EQ(txn->Get(i).status().message(), "record missing") << i;
+    EXPECT_EQ(txn->Copy(i, &buffer).status().message(), "record missing") << i;
+  }
+  EXPECT_TRUE(txn->Get(k2 - 11).ok());
+  EXPECT_TRUE(txn->Get(k2).ok());
 }
 
 // Read system calls this process made (/proc/self/io's syscr), or -1.
