@@ -7,7 +7,13 @@
 # 1M split is then ~3.8x the memory it may use; OOM kills in it counted), against the disk's own rates
 # measured in the same cgroup in the same run: random 4 KiB preads (one at a
 # time) and one shard read front to back (1 MiB reads).
+# Then a JPEG set (--jpeg N files shaped like ImageNet's, ~50 KB each; 0 skips
+# it), packed as the files' bytes, decoded and resized to 224 px, in the page
+# cache and in a cgroup of --jpeg-limit bytes (the set ~4x that), against
+# torchvision's ImageFolder reading the same files (bench/torchvision_baseline.py,
+# one core, no worker process) in the same place.
 #   bench/scale_bench.sh [WORKDIR] [--limit BYTES] [--batches N] [--threads N]
+#                        [--jpeg N] [--jpeg-limit BYTES] [--only cifar|jpeg]
 # Root is needed for the cgroup rows (cgroup v1's memory controller, or v2's
 # memory.max) and to drop the page cache; where the machine does not allow
 # it, those rows are skipped with a line saying why.
@@ -17,12 +23,18 @@ work=${1:-build/scale-bench}
 limit=$((1 << 30))
 batches=15625  # 1,000,000 records a row (64 a batch): a whole epoch of the 1M split, 20 of the 50k
 threads=1
+jpeg=40000
+jpeg_limit=$((512 << 20))
+only=""
 shift || true
 while [ $# -gt 0 ]; do
   case $1 in
     --limit) limit=$2; shift 2 ;;
     --batches) batches=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --jpeg) jpeg=$2; shift 2 ;;
+    --jpeg-limit) jpeg_limit=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
     *) echo "scale_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -39,8 +51,10 @@ make_set() {  # NAME RECORDS
   "$B/pack_tool" cifar100 "$work/$1-src" "$work/$1" >/dev/null 2>&1
   rm -rf "$work/$1-src"
 }
-make_set s50k 50000
-make_set s1m 1000000
+if [ "$only" != jpeg ]; then
+  make_set s50k 50000
+  make_set s1m 1000000
+fi
 
 # --- the memory cgroup ---------------------------------------------------------
 cg=""
@@ -102,6 +116,7 @@ seq = got / (time.monotonic() - t0)
 print("%.0f|%.0f" % (rand, seq))
 PYEOF
 
+if [ "$only" != jpeg ]; then
 rec_bytes=$($PY -c "import json,sys; m=json.load(open(sys.argv[1])); s=m['splits']['train']; print(sum(x['bytes'] for x in s['shards']) // s['num_samples'])" "$work/s1m/manifest.json")
 echo "== sets: 50,000 and 1,000,000 records of $rec_bytes bytes; $threads loader thread(s), 32 px, batches of 64, $batches batches a row"
 printf '| split | where | order | img/s | read-ahead MiB | anon RSS MiB |\n|---|---|---|---:|---:|---:|\n'
@@ -139,3 +154,54 @@ print("page cache: the 1M split at %.0f%% of the 50k split's rate, random order 
 PYEOF
 fi
 for f in "$work"/plan-s1m-*; do echo "$(basename "$f"): $(cat "$f")"; done
+fi
+
+# --- JPEG files ----------------------------------------------------------------
+{ [ "$jpeg" -gt 0 ] && [ "$only" != cifar ]; } || exit 0
+if [ ! -f "$work/jpeg/manifest.json" ]; then
+  rm -rf "$work/jpeg-src"
+  $PY bench/make_jpeg_folder.py "$work/jpeg-src" --images "$jpeg"
+  "$B/pack_tool" imagefolder "$work/jpeg-src" "$work/jpeg" >/dev/null 2>&1
+fi
+jbytes=$(du -sb "$work/jpeg-src" | cut -f1)
+jbatches=60  # 3,840 images a row of ours; torchvision reads 1,000 (after its first batch)
+echo
+echo "== JPEG: $jpeg files, $((jbytes / 1000000)) MB, decoded and resized to 224 px (normalized float32), $threads loader thread(s) against torchvision's ImageFolder on one core"
+printf '| set | where | reader | img/s | anon RSS MiB |\n|---|---|---|---:|---:|\n'
+jloader() {  # ORDER [in_cg] -> "images/s|rss"
+  local out
+  out=$(${2:-} "$B/loader_bench" --data "$work/jpeg" --ranks 1 --threads-per-rank "$threads" --bind off \
+    --image-size 224 --normalize --order "$1" --epochs 100 --max-batches "$jbatches" --json 2>"$work/err") ||
+    { echo "error: $(tail -1 "$work/err")|"; return; }
+  grep -o "order .*" "$work/err" | head -1 >"$work/plan-jpeg-$1"
+  echo "$out" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())['ranks'][0]; print('%.0f|%.0f' % (r['images_per_s'], r['rss_anon_mib']))"
+}
+jtorch() {  # [in_cg] -> "images/s|-"
+  local out
+  out=$(${1:-} $PY bench/torchvision_baseline.py --root "$work/jpeg-src" --workers 0 --max-images 1000 \
+    --image-size 224 --squash 2>"$work/err") || { echo "error: $(tail -1 "$work/err")|"; return; }
+  echo "$out" | $PY -c "import json,sys; print('%.0f|-' % json.loads(sys.stdin.read())['images_per_s'])"
+}
+cat "$work/jpeg"/train/*/data.mdb >/dev/null
+IFS='|' read -r r rss <<<"$(jloader random)"
+printf '| jpeg | page cache | ours, random | %s | %s |\n' "$r" "$rss"
+find "$work/jpeg-src" -type f -exec cat {} + >/dev/null
+IFS='|' read -r r rss <<<"$(jtorch)"
+printf '| jpeg | page cache | torchvision ImageFolder, files | %s | %s |\n' "$r" "$rss"
+if [ -z "$cg" ]; then
+  echo "(the memory-cgroup rows are skipped: $cg_why)"
+else
+  if [ -f "$cg/memory.max" ]; then echo "$jpeg_limit" >"$cg/memory.max"; else echo "$jpeg_limit" >"$cg/memory.limit_in_bytes"; fi
+  where="$(numfmt --to=iec "$jpeg_limit") cgroup, cache dropped"
+  for order in auto random; do
+    drop_cache
+    IFS='|' read -r r rss <<<"$(jloader "$order" in_cg)"
+    printf '| jpeg | %s | ours, %s | %s | %s |\n' "$where" "$order" "$r" "$rss"
+  done
+  drop_cache
+  IFS='|' read -r r rss <<<"$(jtorch in_cg)"
+  printf '| jpeg | %s | torchvision ImageFolder, files | %s | %s |\n' "$where" "$r" "$rss"
+  oom=$({ cat "$cg/memory.events" "$cg/memory.oom_control" 2>/dev/null || true; } | awk '$1 == "oom_kill" { n += $2 } END { print n + 0 }')
+  echo "OOM kills in the cgroup, all rows: $oom"
+fi
+for f in "$work"/plan-jpeg-*; do echo "$(basename "$f"): $(cat "$f")"; done
