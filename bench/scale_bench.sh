@@ -38,6 +38,10 @@ while [ $# -gt 0 ]; do
     *) echo "scale_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+for v in "limit=$limit" "batches=$batches" "threads=$threads" "jpeg=$jpeg" "jpeg-limit=$jpeg_limit"; do
+  [[ ${v#*=} =~ ^[0-9]{1,15}$ ]] || { echo "scale_bench.sh: --${v%%=*} must be a whole number, not '${v#*=}'" >&2; exit 2; }
+done
+case $only in "" | cifar | jpeg) ;; *) echo "scale_bench.sh: --only takes cifar or jpeg, not '$only'" >&2; exit 2 ;; esac
 B=build/bin
 PY=/usr/bin/python3
 for t in pack_tool loader_bench; do

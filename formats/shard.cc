@@ -18,6 +18,7 @@
 
 #include "base/fd.h"
 #include "base/file_util.h"
+#include "base/memory.h"
 #include "formats/crc32c.h"
 
 namespace nl {
@@ -329,13 +330,36 @@ void UnregisterMap(int slot) {
 // size), last page u64 at 136, txnid u64 at 144.
 static_assert(sizeof(void*) == 8, "the LMDB layout below is that of a 64-bit build");
 
+// The process's budget for located records, and what the open shards hold of it.
+std::atomic<uint64_t> g_located_reserved{0};
+std::atomic<uint64_t> g_located_budget{0};  // 0: not yet set
+uint64_t LocatedBudget() {
+  uint64_t b = g_located_budget.load(std::memory_order_relaxed);
+  if (b != 0) return b;
+  const uint64_t have = MemoryAvailableToProcess().bytes;
+  b = have != 0 ? have / 8 : uint64_t{256} << 20;
+  uint64_t unset = 0;
+  g_located_budget.compare_exchange_strong(unset, b, std::memory_order_relaxed);
+  return g_located_budget.load(std::memory_order_relaxed);
+}
+bool ReserveLocated(uint64_t bytes) {
+  const uint64_t budget = LocatedBudget();
+  uint64_t cur = g_located_reserved.load(std::memory_order_relaxed);
+  do {
+    if (bytes > budget || cur > budget - bytes) return false;
+  } while (!g_located_reserved.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return true;
+}
+
 }  // namespace
 
 class ShardReader::TreeCheck {
  public:
   TreeCheck(Fd fd, uint64_t file_bytes) : fd_(std::move(fd)), file_bytes_(file_bytes) {}
   ~TreeCheck() {
-    if (located_ != nullptr) munmap(located_, located_count_ * sizeof(Located));
+    if (located_ == nullptr) return;
+    munmap(located_, located_count_ * sizeof(Located));
+    g_located_reserved.fetch_sub(located_count_ * sizeof(Located), std::memory_order_relaxed);
   }
   TreeCheck(const TreeCheck&) = delete;
   TreeCheck& operator=(const TreeCheck&) = delete;
@@ -451,7 +475,7 @@ class ShardReader::TreeCheck {
       if (leaf) {
         if (key == nullptr) {
           FirstLeaf(page);
-        } else if (bounds.known) {
+        } else if (bounds.known && value != nullptr) {  // a read that uses where values lie
           Locate(page, pgno, bounds);
         }
         if (value != nullptr && key != nullptr) *value = FindInLeaf(page, pgno, key, key_size);
@@ -575,13 +599,14 @@ class ShardReader::TreeCheck {
   // that LMDB's search routes there), so that later reads of them need no
   // tree page: on a split of millions of records each leaf read is a cache
   // miss or more, and a disk read once evicted. 16 bytes a record, in
-  // anonymous pages touched only as they are filled; none for a shard of
-  // more than kMaxLocated records or whose first key is not an 8-byte one.
+  // anonymous pages touched only as they are filled, within the process's
+  // budget (ShardReader::LocatedBytes); none for a shard of more than
+  // kMaxLocated records or whose first key is not an 8-byte one.
   struct Located {
     uint64_t offset;  // 0: not located yet (byte 0 is a meta page, never a value)
     uint64_t size;
   };
-  static constexpr uint64_t kMaxLocated = uint64_t{1} << 22;  // 64 MiB of Located
+  static constexpr uint64_t kMaxLocated = uint64_t{1} << 22;  // 64 MiB of Located a shard
   struct Bounds {
     bool known = false;  // false: some key on the way is not 8 bytes
     bool has_lo = false, has_hi = false;
@@ -633,10 +658,15 @@ class ShardReader::TreeCheck {
     if (located_ != nullptr || Nodes(page) == 0) return;
     const uint8_t* node = NodeAt(page, 0);
     if (Get<uint16_t>(node, 6) != 8 || entries_ == 0 || entries_ > kMaxLocated) return;
-    base_ = DecodeKey(node + 8);
-    void* p = mmap(nullptr, entries_ * sizeof(Located), PROT_READ | PROT_WRITE,
+    const uint64_t bytes = entries_ * sizeof(Located);
+    if (!ReserveLocated(bytes)) return;  // reads then search the tree each time
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return;  // reads then search the tree each time
+    if (p == MAP_FAILED) {
+      g_located_reserved.fetch_sub(bytes, std::memory_order_relaxed);
+      return;
+    }
+    base_ = DecodeKey(node + 8);
     located_ = static_cast<Located*>(p);
     located_count_ = entries_;
   }
@@ -984,6 +1014,11 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
 }
 
 Status ShardReader::CheckWholeTree() const { return check_->Whole(); }
+
+uint64_t ShardReader::LocatedBytes() { return g_located_reserved.load(std::memory_order_relaxed); }
+void ShardReader::SetLocatedBudget(uint64_t bytes) {
+  g_located_budget.store(std::max<uint64_t>(bytes, 1), std::memory_order_relaxed);
+}
 
 Result<ShardReader::ReadTxn> ShardReader::BeginRead() const {
   MDB_txn* t = nullptr;

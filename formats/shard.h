@@ -139,6 +139,14 @@ class ShardReader {
   // the pages on their way, each once per reader.
   Status CheckWholeTree() const;
 
+  // Records located once (see TreeCheck in shard.cc) take 16 bytes each, for
+  // all the shards this process has open within one budget: an eighth of the
+  // memory it may use (cgroup limit included; 256 MiB where unknown), set at
+  // first use or by SetLocatedBudget (tests). A shard that does not fit in
+  // what is left searches its tree at every read instead.
+  static uint64_t LocatedBytes();  // reserved now, by the shards open
+  static void SetLocatedBudget(uint64_t bytes);
+
  private:
   ShardReader() = default;
   ShardInfo info_;

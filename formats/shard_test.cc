@@ -483,6 +483,47 @@ TEST(Shard, GetAndCopyFindTheRecordsLmdbsCursorGivesInAnyOrderAndAgain) {
   }
 }
 
+TEST(Shard, LocatedRecordsStayWithinTheProcesssBudgetAndAreGivenBackOnClose) {
+  // 16 bytes a record for every shard open, within one budget for the
+  // process: a split of billions of records must not grow the loader's
+  // memory without bound. Over the budget, reads search the tree (the same
+  // answers).
+  testing::ScratchDir dir;
+  const Manifest m = WriteShards(dir.path(), {40000});
+  const uint64_t before = ShardReader::LocatedBytes();
+  auto read_all = [&](const SplitReader& r) {
+    Result<ShardReader::ReadTxn> txn = r.shards()[0]->BeginRead();
+    ASSERT_TRUE(txn.ok());
+    std::vector<std::span<const uint8_t>> lmdb;
+    ASSERT_TRUE(txn->ForEach([&](const ShardReader::Entry& e) {
+                     lmdb.push_back(e.value);
+                     return Status::Ok();
+                   }).ok());
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint64_t i = 0; i < lmdb.size(); i += 7) {
+        Result<std::span<const uint8_t>> got = txn->Get(i);
+        ASSERT_TRUE(got.ok()) << i;
+        ASSERT_EQ(got->data(), lmdb[i].data()) << i;
+      }
+    }
+  };
+  {
+    Result<std::unique_ptr<SplitReader>> r = SplitReader::Open(dir.path(), m, "train");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(ShardReader::LocatedBytes(), before + 40000 * 16);
+    read_all(**r);
+  }
+  EXPECT_EQ(ShardReader::LocatedBytes(), before) << "given back when the shard closes";
+  ShardReader::SetLocatedBudget(before + 40000 * 16 - 1);
+  {
+    Result<std::unique_ptr<SplitReader>> r = SplitReader::Open(dir.path(), m, "train");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(ShardReader::LocatedBytes(), before) << "over the budget: nothing reserved";
+    read_all(**r);
+  }
+  ShardReader::SetLocatedBudget(uint64_t{1} << 30);
+}
+
 TEST(Shard, ARecordInALeafLmdbsSearchDoesNotRouteToIsMissingEvenAfterItsLeafWasRead) {
   // A branch key lowered (still in order): the last records of the leaf
   // before it are now routed, by LMDB's search, to the next leaf, which does
