@@ -500,6 +500,13 @@ class ShardReader::TreeCheck {
 
   uint32_t page_size() const { return psize_; }
 
+  // Asks the CPU to load where record `index` lies (a hint; see
+  // SplitReader::ReadTxn::PrefetchLocation).
+  void PrefetchLocated(uint64_t index) const {
+    if (located_ != nullptr && index - base_ < located_count_)
+      __builtin_prefetch(&located_[index - base_], 0, 3);
+  }
+
  private:
   static constexpr uint64_t kNoPage = ~uint64_t{0};
   static constexpr uint16_t kMaxDepth = 32;
@@ -1208,6 +1215,25 @@ Result<std::span<const uint8_t>> SplitReader::ReadTxn::CopyOf(uint64_t index,
   return value;
 }
 
+void ShardReader::ReadTxn::PrefetchLocation(uint64_t index) const {
+  check_->PrefetchLocated(index);
+}
+
+void SplitReader::ReadTxn::PrefetchLocation(uint64_t index) {
+  Result<ShardReader::ReadTxn*> txn = TxnFor(index);
+  if (txn.ok()) (*txn)->PrefetchLocation(index);
+}
+
+void SplitReader::ReadTxn::PrefetchRecord(uint64_t index) {
+  Result<std::span<const uint8_t>> bytes = Get(index);
+  if (!bytes.ok()) return;  // its read reports it
+  const uint8_t* p = bytes->data();
+  // The head of a big record is enough: reading it on, the CPU's own
+  // prefetcher follows.
+  const size_t n = std::min<size_t>(bytes->size(), 8 << 10);
+  for (size_t off = 0; off < n; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 uint64_t SplitReader::ReadTxn::WillNeed(std::span<const uint64_t> sorted_indices,
                                         uint64_t merge_gap) {
   static const uint64_t kPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -1249,11 +1275,23 @@ Result<RecordView> SplitReader::ReadTxn::Read(uint64_t index, const RecordLimits
   } else {
     NL_ASSIGN_OR_RETURN(bytes, CopyOf(index, copy));
   }
+  return Decode(index, bytes, limits);
+}
+
+Result<RecordView> SplitReader::ReadTxn::Decode(uint64_t index, std::span<const uint8_t> bytes,
+                                                const RecordLimits& limits) const {
   RecordLimits l = limits;
   if (l.num_classes == 0) l.num_classes = reader_->num_classes_;
   Result<RecordView> r = DecodeRecord(bytes, l);
   if (!r.ok()) return r.status().WithContext(reader_->Where(index));
   return r;
+}
+
+Result<ShardReader::ReadTxn::Extent> SplitReader::ReadTxn::Locate(uint64_t index) {
+  NL_ASSIGN_OR_RETURN(ShardReader::ReadTxn * txn, TxnFor(index));
+  Result<ShardReader::ReadTxn::Extent> e = txn->Locate(index);
+  if (!e.ok()) return e.status().WithContext(reader_->Where(index));
+  return e;
 }
 
 }  // namespace nl

@@ -114,6 +114,9 @@ class ShardReader {
       uint64_t size = 0;
     };
     Result<Extent> Locate(uint64_t index) const;
+    // A hint to the CPU: start loading where record `index` was located (no
+    // effect before its leaf was read, or without located records).
+    void PrefetchLocation(uint64_t index) const;
     // Visits every entry in key order with a cursor, stopping at the first
     // error fn returns. A failed cursor step is an error "cursor: ...".
     Status ForEach(const std::function<Status(const Entry&)>& fn) const;
@@ -182,6 +185,13 @@ class SplitReader {
     // classes, CRCs); the view points into the map or into *copy.
     Result<RecordView> Read(uint64_t index, const RecordLimits& limits = {},
                             std::vector<uint8_t>* copy = nullptr);
+    // DecodeRecord of record `index`'s bytes read elsewhere (a window read
+    // into memory), with Read's checks and context.
+    Result<RecordView> Decode(uint64_t index, std::span<const uint8_t> bytes,
+                              const RecordLimits& limits = {}) const;
+    // Where record `index` lies (its shard's descriptor, byte offset, size),
+    // found as CopyOf finds it; errors name the split, shard and index.
+    Result<ShardReader::ReadTxn::Extent> Locate(uint64_t index);
     // Asks the kernel to start reading these records' pages now
     // (posix_fadvise WILLNEED: asynchronous, many requests in flight) so that
     // reading them later does not wait on the disk. Records that lie within
@@ -190,6 +200,14 @@ class SplitReader {
     // reads only LMDB's tree pages; a record that cannot be found is skipped
     // (its read reports it). Returns the bytes asked for.
     uint64_t WillNeed(std::span<const uint64_t> sorted_indices, uint64_t merge_gap = 64 << 10);
+    // Hints to the CPU for a record read soon through the map, in two steps
+    // a few records apart: first where it lies (PrefetchLocation), then its
+    // bytes (PrefetchRecord, which finds it as Get does). On a split much
+    // bigger than the CPU's caches each is a memory access the current
+    // record's work then overlaps. Nothing is reported: a record that cannot
+    // be found is left for its read to report.
+    void PrefetchLocation(uint64_t index);
+    void PrefetchRecord(uint64_t index);
 
    private:
     friend class SplitReader;

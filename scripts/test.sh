@@ -31,7 +31,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fi
 # --tsan: ThreadSanitizer over the threaded parts (the worker pool, the
-# pipeline, the ring, its service and the staging layer: their unit tests,
+# pipeline and its window reader, the ring, its service and the staging layer: their unit tests,
 # which run producer and consumer in one process where TSan sees both; the
 # multi-process CLI tests are timing-bound and too slow under TSan), build-tsan/.
 tests_regex=""
@@ -39,7 +39,7 @@ if [ "${1:-}" = "--tsan" ]; then
   build_dir=build-tsan
   cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNL_TSAN=ON "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
-  tests_regex='^(WorkerPool|Thread|ServiceThreads|Pipeline|PipelineContract|Sampler|Ring|Staging)[A-Za-z]*\.'
+  tests_regex='^(WorkerPool|Thread|ServiceThreads|Pipeline|PipelineContract|Sampler|WindowStager|Ring|Staging)[A-Za-z]*\.'
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 fi
 

@@ -135,9 +135,11 @@ struct PipelineConfig {
   uint64_t start_epoch = 0, start_batch = 0;
   uint64_t epochs = 1;  // 0: until stopped
   OrderChoice order = OrderChoice::kAuto;
-  // Bytes of records the loader may ask the kernel to read ahead (two
-  // windows of the order); unset: an eighth of the memory this process may
-  // use, 64 MiB to 1 GiB; 0: no read-ahead.
+  // Bytes of records the loader may read ahead (two windows of the order:
+  // asked of the kernel in random order, read into the loader's memory in
+  // blocks order); unset: an eighth of the memory this process may use,
+  // 4 MiB to 1 GiB; 0: no read-ahead. In blocks order, more than half of the
+  // memory this process may use is refused.
   std::optional<uint64_t> io_memory;
   TransformConfig transform;
   OnBadRecord on_bad_record = OnBadRecord::kError;
@@ -167,6 +169,10 @@ struct ReadPlan {
   // kernel maps the pages around a fault), then none, where pread costs a
   // system call per record every epoch.
   bool pread_records = false;
+  // Blocks order reads ahead by reading each window into memory on a
+  // reader thread of its own (WindowStager), a request per block; `direct`:
+  // bypassing the page cache (the split does not fit in memory).
+  bool staged = false, direct = false;
   std::string summary;  // one line: which order and why
 };
 ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,7 +13,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "base/fd.h"
 #include "base/file_util.h"
+#include "base/memory.h"
 #include "formats/pack/pack.h"
 #include "formats/shard.h"
 #include "tests/support/test_util.h"
@@ -161,6 +164,120 @@ TEST(Pipeline, BlocksOrderWithReadAheadIsDeterministicAndExact) {
       for (int64_t i : g.indices) ++seen[static_cast<size_t>(i)];
   }
   for (int i = 0; i < 300; ++i) EXPECT_EQ(seen[i], 1) << i;
+  // The windows read into memory by the reader thread give each position
+  // of the sampler's list, transformed from the record's own bytes (read
+  // here with the split's reader), also with each epoch's last partial batch
+  // dropped (positions no batch takes must not hold a window back) and from
+  // a mid-epoch start.
+  Result<Manifest> man = LoadManifest(dir);
+  ASSERT_TRUE(man.ok());
+  auto reader = SplitReader::Open(dir, *man, "train");
+  ASSERT_TRUE(reader.ok());
+  auto txn = (*reader)->BeginRead();
+  for (bool drop : {false, true}) {
+    PipelineConfig staged = config(2, 1, 2);
+    staged.drop_last_batch = drop;
+    staged.epochs = 3;
+    staged.start_batch = 2;
+    auto ps = Pipeline::Open(staged);
+    ASSERT_TRUE(ps.ok());
+    EXPECT_TRUE((*ps)->read_plan().staged);
+    EXPECT_FALSE((*ps)->read_plan().direct) << "the split fits in memory";
+    std::vector<Got> gs = Drain(**ps);
+    ASSERT_EQ(gs.size(), drop ? 3u * 9 - 2 : 3u * 10 - 2);
+    EXPECT_GT((*ps)->Stats().ahead_bytes, 0u) << "the reader thread read the windows";
+    TransformConfig tc = staged.transform;
+    tc.seed = staged.seed;  // as the pipeline sets it
+    SampleTransform t(tc);
+    std::vector<uint8_t> want(t.SampleBytes());
+    for (const Got& g : gs) {
+      const std::vector<uint64_t> list = (*ps)->sampler().EpochIndices(g.epoch);
+      for (size_t j = 0; j < g.indices.size(); ++j) {
+        const uint64_t index = list[g.batch * 16 + j];
+        ASSERT_EQ(static_cast<uint64_t>(g.indices[j]), index);
+        Result<RecordView> rec = txn.Read(index);
+        ASSERT_TRUE(rec.ok());
+        t.Apply(rec->payload.data(), 32, 32, g.epoch, index, want.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), g.pixels.data() + j * want.size(), want.size()))
+            << "epoch " << g.epoch << " batch " << g.batch << " sample " << j;
+        ASSERT_EQ(g.labels[j], rec->header.label);
+      }
+    }
+  }
+}
+
+// Blocks order reads windows into the loader's memory: an --io-memory of
+// more than half the memory this process may use is refused, not an OOM kill.
+TEST(Pipeline, BlocksOrderRefusesAnIoMemoryBeyondHalfTheMemory) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 50);
+  PipelineConfig c = Config(dir, 1);
+  c.order = OrderChoice::kBlocks;
+  c.io_memory = MemoryAvailableToProcess().bytes / 2 + (1 << 20);
+  auto p = Pipeline::Open(c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(p.status().message().find("is more than half of the"), std::string::npos)
+      << p.status().ToString();
+  c.order = OrderChoice::kRandom;  // a hint to the kernel only: allowed
+  EXPECT_TRUE(Pipeline::Open(c).ok());
+}
+
+// A damaged record in blocks order with read-ahead: the default mode names
+// it; skip mode replaces it and goes on, as without the reader thread.
+TEST(Pipeline, BlocksOrderReportsAndSkipsABadRecordReadAhead) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 120);
+  // One record's payload byte flipped in place: its CRC no longer matches.
+  Result<Manifest> m = LoadManifest(dir);
+  ASSERT_TRUE(m.ok());
+  uint64_t offset = 0;
+  {
+    auto reader = SplitReader::Open(dir, *m, "train");
+    ASSERT_TRUE(reader.ok());
+    auto txn = (*reader)->BeginRead();
+    auto e = txn.Locate(77);
+    ASSERT_TRUE(e.ok());
+    offset = e->offset + e->size - 5;
+  }
+  const std::string mdb = dir + "/" + m->FindSplit("train")->shards[0].path + "/data.mdb";
+  {
+    Fd fd(::open(mdb.c_str(), O_RDWR));
+    ASSERT_TRUE(fd.valid());
+    uint8_t b = 0;
+    ASSERT_EQ(::pread(fd.get(), &b, 1, static_cast<off_t>(offset)), 1);
+    b ^= 0x5a;
+    ASSERT_EQ(::pwrite(fd.get(), &b, 1, static_cast<off_t>(offset)), 1);
+  }
+  PipelineConfig c = Config(dir, 2);
+  c.order = OrderChoice::kBlocks;
+  c.io_memory = 32 << 10;
+  c.epochs = 1;
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*p)->read_plan().staged);
+  Status st = Status::Ok();
+  while (st.ok()) {
+    Result<BatchView> b = (*p)->Next();
+    if (!b.ok()) {
+      st = b.status();
+      break;
+    }
+    ASSERT_TRUE((*p)->Release(*b).ok());
+  }
+  EXPECT_NE(st.message().find("index 77"), std::string::npos) << st.ToString();
+  c.on_bad_record = OnBadRecord::kSkip;
+  auto q = Pipeline::Open(c);
+  ASSERT_TRUE(q.ok());
+  uint64_t n = 0;
+  for (const Got& g : Drain(**q)) {
+    for (int64_t i : g.indices) {
+      EXPECT_NE(i, 77);
+      ++n;
+    }
+  }
+  EXPECT_EQ(n, 120u);
+  EXPECT_EQ((*q)->Stats().skipped, 1u);
 }
 
 TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
@@ -183,6 +300,13 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
   EXPECT_EQ(big.window_blocks, 512u);
   EXPECT_EQ(big.ahead_samples, 32u * 512u);
   EXPECT_TRUE(big.pread_records);
+  EXPECT_TRUE(big.staged && big.direct) << "blocks from disk: windows read past the page cache";
+  EXPECT_NE(big.summary.find("by a reader thread, past the page cache (O_DIRECT)"),
+            std::string::npos)
+      << big.summary;
+  // A small cgroup: an eighth of it, 4 MiB at least.
+  EXPECT_EQ(PlanReading(c, 1'000, 4 << 20, 64 << 20, "x").io_memory, uint64_t{8} << 20);
+  EXPECT_EQ(PlanReading(c, 1'000, 4 << 20, 16 << 20, "x").io_memory, uint64_t{4} << 20);
   EXPECT_NE(
       big.summary.find("order blocks (auto: the split's 4 GiB does not fit in half of the 1 GiB"),
       std::string::npos)

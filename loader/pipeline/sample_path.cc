@@ -1,5 +1,6 @@
 #include "loader/pipeline/sample_path.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace nl {
@@ -22,12 +23,14 @@ SamplePath::SamplePath(const SplitReader& reader, const TransformConfig& transfo
       pread_records_(pread_records) {}
 
 Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label,
-                        SampleTimes* times) {
+                        SampleTimes* times, std::span<const uint8_t> staged) {
   SampleTimes t;
   const auto t0 = Clock::now();
   RecordLimits rl;
   rl.max_pixels = limits_.max_pixels;
-  NL_ASSIGN_OR_RETURN(RecordView rec, txn_.Read(index, rl, pread_records_ ? &record_ : nullptr));
+  NL_ASSIGN_OR_RETURN(RecordView rec,
+                      staged.empty() ? txn_.Read(index, rl, pread_records_ ? &record_ : nullptr)
+                                     : txn_.Decode(index, staged, rl));
   const auto t1 = Clock::now();
   t.read_ns = NanosSince(t0);
   const uint8_t* rgb = rec.payload.data();
@@ -49,6 +52,17 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
     times->transform_ns += t.transform_ns;
   }
   return Status::Ok();
+}
+
+void SamplePath::Prefetch(std::span<const uint8_t> staged) {
+  const size_t n = std::min<size_t>(staged.size(), 8 << 10);
+  for (size_t off = 0; off < n; off += 64) __builtin_prefetch(staged.data() + off, 0, 3);
+}
+
+void SamplePath::Prefetch(uint64_t soon, uint64_t later) {
+  if (pread_records_) return;
+  txn_.PrefetchRecord(soon);
+  txn_.PrefetchLocation(later);
 }
 
 }  // namespace nl

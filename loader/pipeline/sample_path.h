@@ -40,8 +40,19 @@ class SamplePath {
   // and its label to *label. Errors (record checks, decode failures, a
   // payload that decodes to another size than its header states, the pixel
   // limit) name the split, shard and index; dst is then unspecified.
+  // `staged`: the record's bytes, read already (WindowStager); empty: read here.
   Status Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label,
-              SampleTimes* times = nullptr);
+              SampleTimes* times = nullptr, std::span<const uint8_t> staged = {});
+
+  // Asks the CPU to start loading record `soon`'s bytes and where record
+  // `later` lies (where records are read through the map): a worker names
+  // samples it will take in a few turns, so that the memory's latency on a
+  // split much bigger than the caches overlaps the current sample's work
+  // (SplitReader::ReadTxn::PrefetchRecord). Only a hint: a record that
+  // cannot be found is left for its Load to report.
+  void Prefetch(uint64_t soon, uint64_t later);
+  // The same for a record read into memory already (WindowStager).
+  static void Prefetch(std::span<const uint8_t> staged);
 
  private:
   const SplitReader* reader_;

@@ -1,0 +1,245 @@
+#include "loader/pipeline/window_stager.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include "base/thread.h"
+
+namespace nl {
+namespace {
+constexpr uint64_t kAlign = 4096;      // O_DIRECT's offsets, sizes and memory
+// Records this close share one read: the gap's bytes are read into memory
+// too, so only a leaf page or two between a block's records.
+constexpr uint64_t kMergeGap = 8 << 10;
+// Reads in flight while a window is read (the stager's thread and helpers).
+constexpr size_t kReadThreads = 4;
+struct Where {
+  uint64_t index;
+  int fd;
+  uint64_t offset, size;
+};
+}  // namespace
+
+WindowStager::WindowStager(const SplitReader& reader, bool direct, uint64_t window_bytes,
+                           uint64_t first_window, std::function<Window(uint64_t)> window_of)
+    : reader_(reader),
+      want_direct_(direct),
+      window_bytes_(window_bytes),
+      window_of_(std::move(window_of)),
+      txn_(reader.BeginRead()),
+      next_(first_window) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void WindowStager::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+}
+
+WindowStager::~WindowStager() {
+  Stop();
+  thread_.join();
+  for (Slot& s : slots_) std::free(s.memory);
+}
+
+uint64_t WindowStager::staged_bytes() const {
+  std::lock_guard lock(mu_);
+  return staged_;
+}
+
+bool WindowStager::direct() const {
+  std::lock_guard lock(mu_);
+  return used_direct_;
+}
+
+int WindowStager::DescriptorFor(int fd) {
+  if (!want_direct_) return fd;
+  std::lock_guard lock(fd_mu_);
+  for (auto& [shard_fd, twin] : direct_fds_) {
+    if (shard_fd == fd) return twin.fd.valid() && !twin.failed ? twin.fd.get() : fd;
+  }
+  // A second open file description of the same file (not a path: the shard
+  // read is the one the reader checked), with O_DIRECT; -1 where refused.
+  // Closed only with the stager: a helper may be reading through it.
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  Twin twin{Fd(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC)), false};
+  const int use = twin.fd.valid() ? twin.fd.get() : fd;
+  direct_fds_.emplace_back(fd, std::move(twin));
+  return use;
+}
+
+uint64_t WindowStager::ReadRun(int shard_fd, uint8_t* out, uint64_t offset, uint64_t size) {
+  int fd = DescriptorFor(shard_fd);
+  uint64_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::pread(fd, out + got, size - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && fd != shard_fd) {
+      // This file system took O_DIRECT at open but not for reads: plain
+      // reads of this shard from now on.
+      std::lock_guard lock(fd_mu_);
+      for (auto& [sfd, twin] : direct_fds_) {
+        if (sfd == shard_fd) twin.failed = true;
+      }
+      fd = shard_fd;
+      continue;
+    }
+    if (n <= 0) break;  // an error or the file's end: what was not read is not staged
+    got += static_cast<uint64_t>(n);
+  }
+  if (fd != shard_fd && got > 0) {
+    std::lock_guard lock(mu_);
+    used_direct_ = true;
+  }
+  return got;
+}
+
+void WindowStager::Run() {
+  NameThisThread("loader reader");
+  for (uint64_t w = next_;; ++w) {
+    Slot* slot = &slots_[w % 2];
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || slot->window == UINT64_MAX || (slot->ready && slot->pending == 0);
+      });
+      if (stop_) return;
+      slot->window = w;
+      slot->ready = false;
+      slot->pending = 0;
+      next_ = w;
+    }
+    Window win = window_of_(w);
+    const bool end = win.end;
+    {
+      std::lock_guard lock(mu_);
+      slot->pending = win.positions;
+    }
+    Stage(std::move(win), slot);
+    {
+      std::lock_guard lock(mu_);
+      slot->ready = true;
+    }
+    cv_.notify_all();
+    if (end) return;
+  }
+}
+
+void WindowStager::Stage(Window win, Slot* slot) {
+  slot->entries.clear();  // read by others only once ready
+  std::vector<uint64_t>& idx = win.indices;
+  std::sort(idx.begin(), idx.end());
+  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+  std::vector<Where> at;
+  at.reserve(idx.size());
+  for (uint64_t index : idx) {
+    Result<ShardReader::ReadTxn::Extent> e = txn_.Locate(index);
+    if (e.ok() && e->size > 0) at.push_back({index, e->fd, e->offset, e->size});
+    // else: the worker's own read reports it
+  }
+  std::sort(at.begin(), at.end(), [](const Where& a, const Where& b) {
+    return a.fd != b.fd ? a.fd < b.fd : a.offset < b.offset;
+  });
+  // Runs of neighbouring records: [lo, hi) of one file, aligned for O_DIRECT.
+  struct Run {
+    int fd;
+    uint64_t lo, hi, at;  // at: where in memory
+    size_t first, last;   // at[first, last)
+  };
+  std::vector<Run> runs;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < at.size(); ++i) {
+    const uint64_t lo = at[i].offset & ~(kAlign - 1);
+    const uint64_t hi = (at[i].offset + at[i].size + kAlign - 1) & ~(kAlign - 1);
+    const bool join =
+        !runs.empty() && runs.back().fd == at[i].fd && lo <= runs.back().hi + kMergeGap;
+    const uint64_t more = join ? std::max(runs.back().hi, hi) - runs.back().hi : hi - lo;
+    // Within the window's memory: records past it (scattered records whose
+    // pages hold more than their bytes) are left to the workers.
+    if (bytes + more > window_bytes_) break;
+    if (join) {
+      Run& r = runs.back();
+      r.hi = std::max(r.hi, hi);
+      r.last = i + 1;
+    } else {
+      runs.push_back({at[i].fd, lo, hi, bytes, i, i + 1});
+    }
+    bytes += more;
+  }
+  if (bytes > slot->capacity) {
+    std::free(slot->memory);
+    slot->memory = static_cast<uint8_t*>(std::aligned_alloc(kAlign, bytes));
+    slot->capacity = slot->memory ? bytes : 0;
+    if (!slot->memory) runs.clear();  // nothing staged: the workers read every record
+  }
+  // Several reads in flight (a disk serves one request at a time slowly):
+  // this thread and kReadThreads - 1 helpers take the runs in turn.
+  std::atomic<size_t> next_run{0};
+  std::vector<std::vector<Entry>> found(kReadThreads);
+  auto read_runs = [&](size_t t) {
+    for (size_t k; (k = next_run.fetch_add(1)) < runs.size();) {
+      const Run& r = runs[k];
+      {
+        std::lock_guard lock(mu_);
+        if (stop_) return;
+      }
+      const uint64_t got = ReadRun(r.fd, slot->memory + r.at, r.lo, r.hi - r.lo);
+      for (size_t i = r.first; i < r.last; ++i) {
+        const uint64_t off = at[i].offset - r.lo;
+        if (off + at[i].size <= got) found[t].push_back({at[i].index, r.at + off, at[i].size});
+      }
+      std::lock_guard lock(mu_);
+      staged_ += got;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < kReadThreads && t < runs.size(); ++t) helpers.emplace_back(read_runs, t);
+  read_runs(0);
+  for (std::thread& h : helpers) h.join();
+  for (const auto& f : found) slot->entries.insert(slot->entries.end(), f.begin(), f.end());
+  std::sort(slot->entries.begin(), slot->entries.end(),
+            [](const Entry& a, const Entry& b) { return a.index < b.index; });
+}
+
+std::span<const uint8_t> WindowStager::Find(uint64_t w, uint64_t index) {
+  Slot& slot = slots_[w % 2];
+  std::unique_lock lock(mu_);
+  // The window is (or will be) in its slot once the one before it there is
+  // done; the stager never skips a window.
+  cv_.wait(lock, [&] { return stop_ || (slot.window == w && slot.ready); });
+  return Lookup(slot, w, index);
+}
+
+std::span<const uint8_t> WindowStager::Peek(uint64_t w, uint64_t index) {
+  std::lock_guard lock(mu_);
+  return Lookup(slots_[w % 2], w, index);
+}
+
+std::span<const uint8_t> WindowStager::Lookup(const Slot& slot, uint64_t w, uint64_t index) const {
+  if (!(slot.window == w && slot.ready)) return {};
+  auto it = std::lower_bound(slot.entries.begin(), slot.entries.end(), index,
+                             [](const Entry& e, uint64_t i) { return e.index < i; });
+  if (it == slot.entries.end() || it->index != index) return {};
+  return {slot.memory + it->at, it->size};
+}
+
+void WindowStager::Done(uint64_t w) {
+  bool freed = false;
+  {
+    std::lock_guard lock(mu_);
+    Slot& slot = slots_[w % 2];
+    if (slot.window == w && slot.ready && slot.pending > 0) freed = --slot.pending == 0;
+  }
+  if (freed) cv_.notify_all();
+}
+
+}  // namespace nl

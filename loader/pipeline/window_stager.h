@@ -1,0 +1,114 @@
+// Reads a rank's list, a window at a time, into memory ahead of the workers
+// (blocks order): one thread that waits on the disk so the workers do not.
+//
+// A window is a stretch of positions of the rank's list (ReadPlan's
+// ahead_samples); its records, sorted by where they lie, become one read per
+// run of neighbouring records (a block: a few consecutive records, one
+// request). Two windows are held at a time, the one the workers read and
+// the next: the next is read while the current is worked on, and a window's
+// memory is reused only after each of its positions was done (Done).
+//
+// With `direct`, the reads bypass the page cache (O_DIRECT, through a
+// descriptor of its own on each shard): a split bigger than memory is read
+// once, with no page cache to fill, charge to the cgroup and reclaim again;
+// where the file system refuses O_DIRECT, plain reads. Only a fast path: a
+// record the stager did not read (a run it could not read whole, a record
+// it could not locate, a position outside the window) is read the usual way
+// by the worker, whose read then reports what is wrong with it, as it would
+// without the stager.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "base/fd.h"
+#include "base/status.h"
+#include "formats/shard.h"
+
+namespace nl {
+
+class WindowStager {
+ public:
+  struct Window {
+    std::vector<uint64_t> indices;  // the window's records (any order, repeats allowed)
+    uint64_t positions = 0;         // positions the workers will call Done for
+    bool end = false;               // past the run's last window: the stager stops
+  };
+  // `window_of(w)`: window w of the run (w = first_window, first_window + 1,
+  // ...). Called on the stager's thread.
+  // `window_bytes`: the memory a window may take (two are held); records
+  // beyond it are left to the workers.
+  WindowStager(const SplitReader& reader, bool direct, uint64_t window_bytes,
+               uint64_t first_window, std::function<Window(uint64_t w)> window_of);
+  ~WindowStager();  // Stop(), then joins the thread (a read in progress finishes)
+  // From now on Find returns at once (empty where the window is not read):
+  // a worker waiting for a window goes on. The thread stops after its read.
+  void Stop();
+  WindowStager(const WindowStager&) = delete;
+  WindowStager& operator=(const WindowStager&) = delete;
+
+  // Record `index` of window `w`, waiting until the window is read; empty
+  // when the stager did not read it (the worker reads it itself). Valid
+  // until this caller's Done(w).
+  std::span<const uint8_t> Find(uint64_t w, uint64_t index);
+  // Find without waiting: empty where window `w` is not read yet. For a
+  // prefetch hint only (the bytes may be reused once the caller's window is
+  // done, so they are not to be read after that).
+  std::span<const uint8_t> Peek(uint64_t w, uint64_t index);
+  // One position of window `w` is done (its sample written or failed).
+  void Done(uint64_t w);
+
+  uint64_t staged_bytes() const;  // read into memory so far, over the run
+  bool direct() const;            // O_DIRECT used for at least one read
+
+ private:
+  struct Entry {
+    uint64_t index;
+    uint64_t at;    // byte offset in the slot's memory
+    uint64_t size;  // 0: not read
+  };
+  struct Slot {
+    uint64_t window = UINT64_MAX;  // UINT64_MAX: free
+    bool ready = false;
+    uint64_t pending = 0;  // positions not yet done
+    std::vector<Entry> entries;  // sorted by index
+    uint8_t* memory = nullptr;
+    size_t capacity = 0;
+  };
+  void Run();
+  // Must hold mu_.
+  std::span<const uint8_t> Lookup(const Slot& slot, uint64_t w, uint64_t index) const;
+  void Stage(Window win, Slot* slot);  // runs without the lock held
+  int DescriptorFor(int fd);           // O_DIRECT twin of a shard's descriptor, or fd
+  // Reads [offset, offset + size) of a shard into out; returns the bytes read
+  // (fewer on an error or at the file's end).
+  uint64_t ReadRun(int shard_fd, uint8_t* out, uint64_t offset, uint64_t size);
+
+  const SplitReader& reader_;
+  const bool want_direct_;
+  const uint64_t window_bytes_;
+  std::function<Window(uint64_t)> window_of_;
+  SplitReader::ReadTxn txn_;  // the stager thread's own
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t next_ = 0;  // the window being or next to be read
+  Slot slots_[2];
+  uint64_t staged_ = 0;
+  bool used_direct_ = false;
+  struct Twin {
+    Fd fd;
+    bool failed = false;  // its reads were refused: plain reads instead
+  };
+  std::mutex fd_mu_;
+  std::vector<std::pair<int, Twin>> direct_fds_;  // shard descriptor -> its O_DIRECT twin
+  std::thread thread_;
+};
+
+}  // namespace nl

@@ -1,0 +1,194 @@
+#include "loader/pipeline/window_stager.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <numeric>
+#include <random>
+
+#include "formats/pack/pack.h"
+#include "tests/support/test_util.h"
+
+namespace nl {
+namespace {
+
+std::string PackCifar(const testing::ScratchDir& d, uint64_t n, uint32_t shards = 0) {
+  EXPECT_TRUE(WriteFakeCifar100(d / "src", {.train = n, .test = 10, .seed = 3}).ok());
+  PackOptions o;
+  o.encoding = PackEncoding::kRaw;
+  o.threads = 1;
+  if (shards) o.shards = shards;
+  EXPECT_TRUE(PackCifar100(d / "src", d / "packed", CifarLabel::kFine, o).ok());
+  return d / "packed";
+}
+
+struct Split {
+  Manifest manifest;
+  std::unique_ptr<SplitReader> reader;
+};
+Split Open(const std::string& dir) {
+  Split s;
+  Result<Manifest> m = LoadManifest(dir);
+  EXPECT_TRUE(m.ok());
+  s.manifest = *m;
+  auto r = SplitReader::Open(dir, s.manifest, "train");
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  s.reader = std::move(*r);
+  return s;
+}
+
+// Windows of 37 positions over a shuffled list with repeats (padding),
+// across shards, read past the page cache: every record Find gives is the
+// record's bytes (as CopyOf reads them), for every window, to the end.
+TEST(WindowStager, EveryWindowsRecordsAreTheirBytes) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 400, 3);
+  Split s = Open(dir);
+  ASSERT_EQ(s.reader->shards().size(), 3u);
+  std::vector<uint64_t> list(400);
+  std::iota(list.begin(), list.end(), 0);
+  std::shuffle(list.begin(), list.end(), std::mt19937_64(7));
+  list.insert(list.end(), list.begin(), list.begin() + 20);  // repeats, as padding makes
+  constexpr uint64_t kWindow = 37;
+  const uint64_t windows = (list.size() + kWindow - 1) / kWindow;
+  for (bool direct : {true, false}) {
+    WindowStager st(*s.reader, direct, 1 << 20, 0, [&](uint64_t w) {
+      WindowStager::Window win;
+      if (w >= windows) {
+        win.end = true;
+        return win;
+      }
+      const uint64_t lo = w * kWindow, hi = std::min<uint64_t>(lo + kWindow, list.size());
+      win.indices.assign(list.begin() + lo, list.begin() + hi);
+      win.positions = hi - lo;
+      return win;
+    });
+    auto txn = s.reader->BeginRead();
+    std::vector<uint8_t> want;
+    for (uint64_t p = 0; p < list.size(); ++p) {
+      const uint64_t w = p / kWindow;
+      std::span<const uint8_t> got = st.Find(w, list[p]);
+      auto copy = txn.CopyOf(list[p], &want);
+      ASSERT_TRUE(copy.ok());
+      ASSERT_EQ(got.size(), copy->size()) << "position " << p << ", direct " << direct;
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), copy->begin())) << p;
+      st.Done(w);
+    }
+    EXPECT_GE(st.staged_bytes(), 400u * 3072) << "every record read once at least";
+    EXPECT_FALSE(!direct && st.direct());
+    if (direct) std::printf("O_DIRECT used here: %s\n", st.direct() ? "yes" : "no (refused)");
+  }
+}
+
+// A shard cut short after the reader opened it: the records past the cut
+// are not staged (the worker's own read then reports the truncation), the
+// ones before it are.
+TEST(WindowStager, RecordsPastAShardsEndAreLeftToTheWorker) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 200);
+  Split s = Open(dir);
+  auto txn = s.reader->BeginRead();
+  // Every record located before the cut (its leaf may lie past it).
+  std::vector<ShardReader::ReadTxn::Extent> where;
+  for (uint64_t i = 0; i < 200; ++i) {
+    auto e = txn.Locate(i);
+    ASSERT_TRUE(e.ok());
+    where.push_back(*e);
+  }
+  const ShardReader::ReadTxn::Extent* cut_at = &where[150];
+  ASSERT_GT(cut_at->offset, where[0].offset);
+  const std::string mdb =
+      dir + "/" + s.manifest.FindSplit("train")->shards[0].path + "/data.mdb";
+  ASSERT_EQ(::truncate(mdb.c_str(), static_cast<off_t>(cut_at->offset + 100)), 0);
+  WindowStager st(*s.reader, true, 4 << 20, 0, [&](uint64_t w) {
+    WindowStager::Window win;
+    if (w > 0) {
+      win.end = true;
+      return win;
+    }
+    for (uint64_t i = 0; i < 200; ++i) win.indices.push_back(i);
+    win.positions = 200;
+    return win;
+  });
+  uint64_t staged = 0, missing = 0;
+  for (uint64_t i = 0; i < 200; ++i) {
+    const ShardReader::ReadTxn::Extent* e = &where[i];
+    std::span<const uint8_t> got = st.Find(0, i);
+    if (e->offset + e->size <= cut_at->offset + 100) {
+      EXPECT_EQ(got.size(), e->size) << i;
+      ++staged;
+    } else {
+      EXPECT_TRUE(got.empty()) << i;
+      ++missing;
+    }
+    st.Done(0);
+  }
+  EXPECT_GE(staged, 140u);
+  EXPECT_GE(missing, 49u);
+  std::vector<uint8_t> buf;
+  auto cut = txn.CopyOf(199, &buf);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("truncated"), std::string::npos) << cut.status().ToString();
+}
+
+// A window whose records take more than its memory (scattered records: a
+// read is whole pages) reads what fits and leaves the rest to the workers.
+TEST(WindowStager, AWindowStaysWithinItsMemory) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 300);
+  Split s = Open(dir);
+  constexpr uint64_t kBytes = 64 << 10;
+  WindowStager st(*s.reader, true, kBytes, 0, [&](uint64_t w) {
+    WindowStager::Window win;
+    if (w > 0) {
+      win.end = true;
+      return win;
+    }
+    for (uint64_t i = 0; i < 300; i += 3) win.indices.push_back(i);  // every third record
+    win.positions = win.indices.size();
+    return win;
+  });
+  uint64_t staged = 0;
+  for (uint64_t i = 0; i < 300; i += 3) {
+    staged += st.Find(0, i).empty() ? 0 : 1;
+    st.Done(0);
+  }
+  EXPECT_GT(staged, 0u);
+  EXPECT_LT(staged, 100u);
+  EXPECT_LE(st.staged_bytes(), kBytes);
+}
+
+// A worker waiting for a window that cannot be read yet (the one two before
+// it is not done) is let go by Stop, and the stager's thread ends.
+TEST(WindowStager, StopLetsAWaitingWorkerGo) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 50);
+  Split s = Open(dir);
+  std::atomic<uint64_t> asked{0};
+  WindowStager st(*s.reader, false, 1 << 20, 0, [&](uint64_t w) {
+    asked = w + 1;
+    WindowStager::Window win;
+    win.indices = {w % 50};
+    win.positions = 1;
+    return win;
+  });
+  ASSERT_EQ(st.Find(0, 0).size() > 0, true);
+  ASSERT_EQ(st.Find(1, 1).size() > 0, true);
+  // Window 0 is not done: window 2 cannot take its memory.
+  auto waiting = std::async(std::launch::async, [&] { return st.Find(2, 2).size(); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_EQ(asked.load(), 2u) << "window 2 was read before window 0 was done";
+  st.Stop();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(waiting.get(), 0u);
+  // Done on windows 0 and 1 after Stop is harmless.
+  st.Done(0);
+  st.Done(1);
+}
+
+}  // namespace
+}  // namespace nl
