@@ -139,6 +139,10 @@ for i in 1 2 3; do
     runs[$set]+="$r "
   done
 done
+# The page cache's pages: a split held in 2 MiB folios is mapped with 2 MiB
+# entries (few TLB misses); in 4 KiB pages (a fragmented memory, a file
+# written rather than read) the 1M split's random reads each miss the TLB.
+echo "page cache after the random rows: $(awk '/^Cached:/ {c = $2} /^FileHugePages:/ {h = $2} END {printf "%d MiB, %d MiB of it in 2 MiB folios", c / 1024, h / 1024}' /proc/meminfo)"
 for set in s50k s1m; do
   warm "$set"
   for order in random blocks auto; do
@@ -165,6 +169,14 @@ else
     rate[s1m-cg-$order]=$r
     printf '| s1m | %s cgroup, cache dropped | %s | %s | %s | %s | %s |\n' "$(numfmt --to=iec "$limit")" "$order" "$r" "$ahead" "$rss" "$cores"
   done
+  # Blocks order with a loader thread per core, as a rank would run it here.
+  ncores=$(nproc)
+  if [ "$ncores" -gt "$threads" ]; then
+    drop_cache
+    IFS='|' read -r r ahead rss cores <<<"$(threads=$ncores loader s1m blocks in_cg)"
+    rate[s1m-cg-blocks-all]=$r
+    printf '| s1m | %s cgroup, cache dropped | blocks, %s threads | %s | %s | %s | %s |\n' "$(numfmt --to=iec "$limit")" "$ncores" "$r" "$ahead" "$rss" "$cores"
+  fi
   oom=$({ cat "$cg/memory.events" "$cg/memory.oom_control" 2>/dev/null || true; } | awk '$1 == "oom_kill" { n += $2 } END { print n + 0 }')
   echo "OOM kills in the cgroup during those rows: $oom"
   drop_cache
@@ -172,11 +184,13 @@ else
   seq_recs=$((dseq / rec_bytes))
   echo
   echo "disk, same cgroup, cache dropped: random 4 KiB preads $drand/s; one shard sequentially $((dseq / 1000000)) MB/s ($seq_recs records/s)"
-  $PY - "${rate[s1m-cg-random]}" "${rate[s1m-cg-blocks]}" "$drand" "$seq_recs" "${rate[s1m-cache-random]}" "${rate[s50k-cache-random]}" <<'PYEOF'
+  $PY - "${rate[s1m-cg-random]}" "${rate[s1m-cg-blocks]}" "$drand" "$seq_recs" "${rate[s1m-cache-random]}" "${rate[s50k-cache-random]}" "${rate[s1m-cg-blocks-all]:-0}" <<'PYEOF'
 import sys
-rnd, blk, drand, dseq, big, small = (float(x) for x in sys.argv[1:])
+rnd, blk, drand, dseq, big, small, blk_all = (float(x) for x in sys.argv[1:])
 print("random order: %.0f%% of the disk's random 4 KiB read rate (target >= 50%%)" % (100 * rnd / drand))
 print("blocks order: %.0f%% of its sequential rate in records (target >= 40%%)" % (100 * blk / dseq))
+if blk_all:
+    print("blocks order, a loader thread per core: %.0f%% of it" % (100 * blk_all / dseq))
 print("page cache: the 1M split at %.0f%% of the 50k split's rate, random order (target >= 80%%)" % (100 * big / small))
 PYEOF
 fi
