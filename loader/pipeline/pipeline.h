@@ -141,6 +141,11 @@ struct PipelineConfig {
   // 4 MiB to 1 GiB; 0: no read-ahead. In blocks order, more than half of the
   // memory this process may use is refused.
   std::optional<uint64_t> io_memory;
+  // The memory this process may use, which the order and the read-ahead are
+  // planned with; unset: MemoryAvailableToProcess() (the machine's, or a
+  // cgroup's limit). An application sharing the memory with others (or a
+  // test making a small split "not fit") sets it lower.
+  std::optional<uint64_t> memory_bytes;
   TransformConfig transform;
   OnBadRecord on_bad_record = OnBadRecord::kError;
   DecodeLimits limits;
@@ -169,9 +174,9 @@ struct ReadPlan {
   // kernel maps the pages around a fault), then none, where pread costs a
   // system call per record every epoch.
   bool pread_records = false;
-  // Blocks order reads ahead by reading each window into memory on a
-  // reader thread of its own (WindowStager), a request per block; `direct`:
-  // bypassing the page cache (the split does not fit in memory).
+  // Blocks order on a split that does not fit in memory reads ahead by
+  // reading each window into memory on a reader thread of its own
+  // (WindowStager), a request per block, bypassing the page cache (`direct`).
   bool staged = false, direct = false;
   std::string summary;  // one line: which order and why
 };

@@ -174,15 +174,17 @@ TEST(Pipeline, BlocksOrderWithReadAheadIsDeterministicAndExact) {
   auto reader = SplitReader::Open(dir, *man, "train");
   ASSERT_TRUE(reader.ok());
   auto txn = (*reader)->BeginRead();
+  EXPECT_FALSE((*one)->read_plan().staged) << "the split fits in memory: read with pread";
   for (bool drop : {false, true}) {
     PipelineConfig staged = config(2, 1, 2);
     staged.drop_last_batch = drop;
     staged.epochs = 3;
     staged.start_batch = 2;
+    staged.memory_bytes = 1 << 20;  // the 1.2 MB split does not fit in half of it
     auto ps = Pipeline::Open(staged);
-    ASSERT_TRUE(ps.ok());
+    ASSERT_TRUE(ps.ok()) << ps.status().ToString();
     EXPECT_TRUE((*ps)->read_plan().staged);
-    EXPECT_FALSE((*ps)->read_plan().direct) << "the split fits in memory";
+    EXPECT_TRUE((*ps)->read_plan().direct);
     std::vector<Got> gs = Drain(**ps);
     ASSERT_EQ(gs.size(), drop ? 3u * 9 - 2 : 3u * 10 - 2);
     EXPECT_GT((*ps)->Stats().ahead_bytes, 0u) << "the reader thread read the windows";
@@ -213,12 +215,16 @@ TEST(Pipeline, BlocksOrderRefusesAnIoMemoryBeyondHalfTheMemory) {
   const std::string dir = PackCifar(d, 50);
   PipelineConfig c = Config(dir, 1);
   c.order = OrderChoice::kBlocks;
-  c.io_memory = MemoryAvailableToProcess().bytes / 2 + (1 << 20);
+  c.memory_bytes = 256 << 10;  // the 200 KB split does not fit in half of it
+  c.io_memory = (128 << 10) + 1;
   auto p = Pipeline::Open(c);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(p.status().message().find("is more than half of the"), std::string::npos)
       << p.status().ToString();
+  c.io_memory = 128 << 10;
+  EXPECT_TRUE(Pipeline::Open(c).ok()) << "half of it is allowed";
+  c.io_memory = 100 << 20;
   c.order = OrderChoice::kRandom;  // a hint to the kernel only: allowed
   EXPECT_TRUE(Pipeline::Open(c).ok());
 }
@@ -252,6 +258,7 @@ TEST(Pipeline, BlocksOrderReportsAndSkipsABadRecordReadAhead) {
   PipelineConfig c = Config(dir, 2);
   c.order = OrderChoice::kBlocks;
   c.io_memory = 32 << 10;
+  c.memory_bytes = 512 << 10;  // the split does not fit: the reader thread reads it
   c.epochs = 1;
   auto p = Pipeline::Open(c);
   ASSERT_TRUE(p.ok());
@@ -301,6 +308,10 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
   EXPECT_EQ(big.ahead_samples, 32u * 512u);
   EXPECT_TRUE(big.pread_records);
   EXPECT_TRUE(big.staged && big.direct) << "blocks from disk: windows read past the page cache";
+  c.order = OrderChoice::kBlocks;
+  EXPECT_FALSE(PlanReading(c, 1'000'000, 3 * kGiB, 24 * kGiB, "x").staged)
+      << "blocks order on a split in memory reads it with pread";
+  c.order = OrderChoice::kAuto;
   EXPECT_NE(big.summary.find("by a reader thread, past the page cache (O_DIRECT)"),
             std::string::npos)
       << big.summary;
