@@ -108,9 +108,9 @@ void AddOrderOptions(CLI::App* app, OrderFlags* f) {
                   "the split fits in half the memory this process may use, else blocks)")
       ->capture_default_str();
   app->add_option("--io-memory", f->io_memory,
-                  "Bytes of records to read ahead (K, M, G suffixes; 0: none; blocks order "
-                  "holds them in its memory, at most half of it); default: an eighth of the "
-                  "memory this process may use, 4M..1G");
+                  "Bytes of records to read ahead (K, M, G suffixes; 0: none; blocks order on "
+                  "a split that does not fit holds them in its memory, at most half of it); "
+                  "default: an eighth of the memory this process may use, 4M..1G");
 }
 
 Status FinishOrderOptions(const OrderFlags& f, OrderChoice* order,

@@ -91,7 +91,9 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   const bool fits = !known || split_bytes <= memory_bytes / 2;
   p.io_memory = c.io_memory
                     ? *c.io_memory
-                    : (known ? std::clamp(memory_bytes / 8, 4 * kMiB, 1024 * kMiB) : 256 * kMiB);
+                    : (known ? std::clamp(memory_bytes / 8, std::min(4 * kMiB, memory_bytes / 2),
+                                          1024 * kMiB)
+                             : 256 * kMiB);
   const std::string sizes = "the split's " + FormatBytes(split_bytes) +
                             (fits ? " fits" : " does not fit") + " in half of the " +
                             FormatBytes(memory_bytes) + " this process may use (" + memory_source +
@@ -356,7 +358,9 @@ struct Pipeline::Impl {
       const uint64_t attempts = std::min<uint64_t>(n, kMaxReplacements + 1);
       // Samples this worker is likely to take in two and eight turns (the
       // workers take positions in turn), within this epoch's list: the
-      // record's bytes of the first, where the second lies. On a split of
+      // record's bytes of the first, where the second lies (records read
+      // through the map, or in the reader thread's windows; a record read
+      // with pread lands in the worker's buffer, nothing to prefetch). On a split of
       // 1,000,000 records in the page cache this took a core's read stage
       // from ~2.5 s to ~1.0 s an epoch (the 50,000-record split's: ~1.4 s
       // to ~0.65 s; README, "How cost grows").
@@ -594,6 +598,7 @@ Result<BatchView> Pipeline::Next() {
   if (!slot.error.ok()) {
     m.failure = slot.error;
     m.stop = true;
+    if (m.stager) m.stager->Stop();
     lock.unlock();
     m.work_cv.notify_all();
     return m.failure;

@@ -136,10 +136,11 @@ struct PipelineConfig {
   uint64_t epochs = 1;  // 0: until stopped
   OrderChoice order = OrderChoice::kAuto;
   // Bytes of records the loader may read ahead (two windows of the order:
-  // asked of the kernel in random order, read into the loader's memory in
-  // blocks order); unset: an eighth of the memory this process may use,
-  // 4 MiB to 1 GiB; 0: no read-ahead. In blocks order, more than half of the
-  // memory this process may use is refused.
+  // asked of the kernel, or, in blocks order on a split that does not fit,
+  // read into the loader's memory); unset: an eighth of the memory this
+  // process may use, 4 MiB (at most half of it) to 1 GiB; 0: no read-ahead.
+  // Read into memory, more than half of the memory this process may use is
+  // refused.
   std::optional<uint64_t> io_memory;
   // The memory this process may use, which the order and the read-ahead are
   // planned with; unset: MemoryAvailableToProcess() (the machine's, or a

@@ -224,6 +224,10 @@ TEST(Pipeline, BlocksOrderRefusesAnIoMemoryBeyondHalfTheMemory) {
       << p.status().ToString();
   c.io_memory = 128 << 10;
   EXPECT_TRUE(Pipeline::Open(c).ok()) << "half of it is allowed";
+  c.io_memory.reset();
+  auto by_default = Pipeline::Open(c);
+  ASSERT_TRUE(by_default.ok()) << "the default is never refused: " << by_default.status().ToString();
+  EXPECT_TRUE((*by_default)->read_plan().staged);
   c.io_memory = 100 << 20;
   c.order = OrderChoice::kRandom;  // a hint to the kernel only: allowed
   EXPECT_TRUE(Pipeline::Open(c).ok());
@@ -318,6 +322,8 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
   // A small cgroup: an eighth of it, 4 MiB at least.
   EXPECT_EQ(PlanReading(c, 1'000, 4 << 20, 64 << 20, "x").io_memory, uint64_t{8} << 20);
   EXPECT_EQ(PlanReading(c, 1'000, 4 << 20, 16 << 20, "x").io_memory, uint64_t{4} << 20);
+  // ... but never more than half of it (which blocks order would refuse).
+  EXPECT_EQ(PlanReading(c, 1'000, 4 << 20, 6 << 20, "x").io_memory, uint64_t{3} << 20);
   EXPECT_NE(
       big.summary.find("order blocks (auto: the split's 4 GiB does not fit in half of the 1 GiB"),
       std::string::npos)

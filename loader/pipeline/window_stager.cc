@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <string>
+#include <system_error>
 
 #include "base/thread.h"
 
@@ -33,7 +34,7 @@ WindowStager::WindowStager(const SplitReader& reader, bool direct, uint64_t wind
       window_bytes_(window_bytes),
       window_of_(std::move(window_of)),
       txn_(reader.BeginRead()),
-      next_(first_window) {
+      first_(first_window) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -95,6 +96,9 @@ uint64_t WindowStager::ReadRun(int shard_fd, uint8_t* out, uint64_t offset, uint
     }
     if (n <= 0) break;  // an error or the file's end: what was not read is not staged
     got += static_cast<uint64_t>(n);
+    // A direct read that stops off a page boundary met the file's end (its
+    // size is no multiple of 4 KiB): another would be refused.
+    if (fd != shard_fd && got % kAlign != 0) break;
   }
   if (fd != shard_fd && got > 0) {
     std::lock_guard lock(mu_);
@@ -104,8 +108,18 @@ uint64_t WindowStager::ReadRun(int shard_fd, uint8_t* out, uint64_t offset, uint
 }
 
 void WindowStager::Run() {
+  try {
+    RunWindows();
+  } catch (const std::exception&) {
+    // Out of memory or threads: the workers read every record themselves
+    // from now on (Find returns at once), as without the stager.
+    Stop();
+  }
+}
+
+void WindowStager::RunWindows() {
   NameThisThread("loader reader");
-  for (uint64_t w = next_;; ++w) {
+  for (uint64_t w = first_;; ++w) {
     Slot* slot = &slots_[w % 2];
     {
       std::unique_lock lock(mu_);
@@ -116,7 +130,6 @@ void WindowStager::Run() {
       slot->window = w;
       slot->ready = false;
       slot->pending = 0;
-      next_ = w;
     }
     Window win = window_of_(w);
     const bool end = win.end;
@@ -164,8 +177,9 @@ void WindowStager::Stage(Window win, Slot* slot) {
         !runs.empty() && runs.back().fd == at[i].fd && lo <= runs.back().hi + kMergeGap;
     const uint64_t more = join ? std::max(runs.back().hi, hi) - runs.back().hi : hi - lo;
     // Within the window's memory: records past it (scattered records whose
-    // pages hold more than their bytes) are left to the workers.
-    if (bytes + more > window_bytes_) break;
+    // pages hold more than their bytes, one huge record) are left to the
+    // workers; the ones after it may still fit.
+    if (bytes + more > window_bytes_) continue;
     if (join) {
       Run& r = runs.back();
       r.hi = std::max(r.hi, hi);
@@ -185,7 +199,12 @@ void WindowStager::Stage(Window win, Slot* slot) {
   // this thread and kReadThreads - 1 helpers take the runs in turn.
   std::atomic<size_t> next_run{0};
   std::vector<std::vector<Entry>> found(kReadThreads);
-  auto read_runs = [&](size_t t) {
+  auto read_runs = [&](size_t t) noexcept {
+    try {
+      found[t].reserve(at.size());
+    } catch (const std::bad_alloc&) {
+      return;  // its runs go to the other readers or, past them, to the workers
+    }
     for (size_t k; (k = next_run.fetch_add(1)) < runs.size();) {
       const Run& r = runs[k];
       {
@@ -202,7 +221,14 @@ void WindowStager::Stage(Window win, Slot* slot) {
     }
   };
   std::vector<std::thread> helpers;
-  for (size_t t = 1; t < kReadThreads && t < runs.size(); ++t) helpers.emplace_back(read_runs, t);
+  helpers.reserve(kReadThreads);
+  for (size_t t = 1; t < kReadThreads && t < runs.size(); ++t) {
+    try {
+      helpers.emplace_back(read_runs, t);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had: fewer reads in flight
+    }
+  }
   read_runs(0);
   for (std::thread& h : helpers) h.join();
   for (const auto& f : found) slot->entries.insert(slot->entries.end(), f.begin(), f.end());

@@ -12,8 +12,9 @@
 // descriptor of its own on each shard): a split bigger than memory is read
 // once, with no page cache to fill, charge to the cgroup and reclaim again;
 // where the file system refuses O_DIRECT, plain reads. Only a fast path: a
-// record the stager did not read (a run it could not read whole, a record
-// it could not locate, a position outside the window) is read the usual way
+// record the stager did not read (one past where a read stopped short, a
+// record it could not locate, past the window's memory, a position outside
+// the window, every record once the stager failed) is read the usual way
 // by the worker, whose read then reports what is wrong with it, as it would
 // without the stager.
 #pragma once
@@ -80,7 +81,8 @@ class WindowStager {
     uint8_t* memory = nullptr;
     size_t capacity = 0;
   };
-  void Run();
+  void Run();  // RunWindows; an exception stops the stager (the workers read)
+  void RunWindows();
   // Must hold mu_.
   std::span<const uint8_t> Lookup(const Slot& slot, uint64_t w, uint64_t index) const;
   void Stage(Window win, Slot* slot);  // runs without the lock held
@@ -98,7 +100,7 @@ class WindowStager {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  uint64_t next_ = 0;  // the window being or next to be read
+  const uint64_t first_;  // the run's first window
   Slot slots_[2];
   uint64_t staged_ = 0;
   bool used_direct_ = false;
