@@ -52,7 +52,8 @@ TEST(WindowStager, EveryWindowsRecordsAreTheirBytes) {
   std::vector<uint64_t> list(400);
   std::iota(list.begin(), list.end(), 0);
   std::shuffle(list.begin(), list.end(), std::mt19937_64(7));
-  list.insert(list.end(), list.begin(), list.begin() + 20);  // repeats, as padding makes
+  list.resize(420);  // repeats, as padding makes
+  std::copy_n(list.begin(), 20, list.begin() + 400);
   constexpr uint64_t kWindow = 37;
   const uint64_t windows = (list.size() + kWindow - 1) / kWindow;
   for (bool direct : {true, false}) {
