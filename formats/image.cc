@@ -76,13 +76,27 @@ Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limit
   }
 }
 
-Status CheckDecodedShape(const RecordHeader& header, const Image& image) {
-  if (image.width != header.width || image.height != header.height) {
-    return Status::Corruption("image decodes to " + std::to_string(image.width) + "x" +
-                              std::to_string(image.height) + " but the header says " +
-                              std::to_string(header.width) + "x" + std::to_string(header.height));
+Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                             const PixelRect& region, DecodedRegion* out) {
+  if (DetectImageFormat(bytes) == ImageFormat::kJpeg) return DecodeJpegRegionInto(bytes, limits, region, out);
+  NL_RETURN_IF_ERROR(DecodeImageInto(bytes, limits, &out->image));
+  out->x = out->y = 0;
+  out->full_width = out->image.width;
+  out->full_height = out->image.height;
+  return Status::Ok();
+}
+
+Status CheckDecodedShape(const RecordHeader& header, uint32_t width, uint32_t height) {
+  if (width != header.width || height != header.height) {
+    return Status::Corruption("image decodes to " + std::to_string(width) + "x" + std::to_string(height) +
+                              " but the header says " + std::to_string(header.width) + "x" +
+                              std::to_string(header.height));
   }
   return Status::Ok();
+}
+
+Status CheckDecodedShape(const RecordHeader& header, const Image& image) {
+  return CheckDecodedShape(header, image.width, image.height);
 }
 
 Result<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeLimits& limits) {

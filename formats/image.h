@@ -49,10 +49,39 @@ Result<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeLimits& li
 // As DecodeImage, reusing out->pixels' capacity.
 Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
 
+// A rectangle of an image, in pixels: columns [x, x + w), rows [y, y + h).
+struct PixelRect {
+  uint32_t x = 0, y = 0, w = 0, h = 0;
+};
+
+// What a region decode gave: `image` holds the pixels of the full image's
+// columns [x, x + image.width) and rows [y, y + image.height), a rectangle
+// that contains the region asked for (clipped to the image); the full image
+// is full_width x full_height.
+struct DecodedRegion {
+  Image image;
+  uint32_t x = 0, y = 0;
+  uint32_t full_width = 0, full_height = 0;
+};
+
+// Decodes at least `region` of an image; its pixels are identical to the
+// same pixels of DecodeImageInto's. A JPEG's iMCU rows above the region are
+// entropy-decoded only (jpeg_skip_scanlines), its columns outside are not
+// transformed (jpeg_crop_scanline), and decoding stops after the region's
+// last row, so a JPEG damaged or cut short below the region decodes (the
+// packer and `verify` decode every image whole). PNG decodes whole. An empty
+// region (w or h 0) or one outside the image asks for the whole image.
+// Errors as DecodeImageInto's.
+Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                             const PixelRect& region, DecodedRegion* out);
+Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                            const PixelRect& region, DecodedRegion* out);
+
 // That a record's decoded payload has the size its header states: Corruption
 // "image decodes to WxH but the header says WxH" otherwise (the caller adds
 // where the record is). Readers that trust the header's shape call this.
 Status CheckDecodedShape(const RecordHeader& header, const Image& image);
+Status CheckDecodedShape(const RecordHeader& header, uint32_t width, uint32_t height);
 
 // Format-specific entry points (DecodeImage dispatches to these).
 Status DecodePngInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);

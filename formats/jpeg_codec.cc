@@ -5,6 +5,7 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstdlib>
 #include <memory>
@@ -105,12 +106,70 @@ void InvertedCmykToRgb(const uint8_t* cmyk, size_t n, uint8_t* rgb) {
   }
 }
 
-enum class Stage { kHeader, kPixels };
+// The rows and columns to decode for `region` (null: all): the region
+// clipped to the image, widened by one iMCU on each side, where fancy
+// upsampling reads a chroma sample's neighbours; jpeg_crop_scanline then
+// widens the columns to whole iMCUs.
+PixelRect Widened(const jpeg_decompress_struct& c, const PixelRect* region) {
+  const uint32_t w = c.output_width, h = c.output_height;
+  if (region == nullptr || region->w == 0 || region->h == 0 || region->x >= w || region->y >= h) {
+    return {0, 0, w, h};
+  }
+  const uint64_t mx = uint64_t{8} * static_cast<unsigned>(c.max_h_samp_factor);
+  const uint64_t my = uint64_t{8} * static_cast<unsigned>(c.max_v_samp_factor);
+  const uint64_t x0 = region->x > mx ? region->x - mx : 0, y0 = region->y > my ? region->y - my : 0;
+  const uint64_t x1 = std::min<uint64_t>(w, uint64_t{region->x} + region->w + mx);
+  const uint64_t y1 = std::min<uint64_t>(h, uint64_t{region->y} + region->h + my);
+  return {static_cast<uint32_t>(x0), static_cast<uint32_t>(y0), static_cast<uint32_t>(x1 - x0),
+          static_cast<uint32_t>(y1 - y0)};
+}
+
+// Decodes the rows and columns of `*part` into `out` (part->w x part->h;
+// jpeg_crop_scanline may widen the columns, and `*part` then says so).
+// Under setjmp, as DecodeUnderJump.
+void ReadPart(JpegDecoder* d, bool cmyk, PixelRect* part, Image* out) {
+  jpeg_decompress_struct& c = d->cinfo;
+  if (part->x > 0 || part->w < c.output_width) {
+    JDIMENSION x = part->x, w = part->w;
+    jpeg_crop_scanline(&c, &x, &w);
+    part->x = x;
+    part->w = w;
+  }
+  if (part->y > 0 && jpeg_skip_scanlines(&c, part->y) != part->y) {
+    ERREXIT(&c, JERR_BAD_STATE);  // never: the rows exist
+  }
+  const uint32_t w = part->w, h = part->h;
+  const int comps = cmyk ? 4 : 3;
+  const size_t npx = size_t{w} * h;
+  out->width = w;
+  out->height = h;
+  out->pixels.resize(npx * 3);
+  uint8_t* base = out->pixels.data();
+  if (cmyk) {
+    d->cmyk.resize(npx * 4);
+    base = d->cmyk.data();
+  }
+  d->rows.resize(h);
+  for (uint32_t y = 0; y < h; ++y) d->rows[y] = base + size_t{y} * w * comps;
+  while (c.output_scanline < part->y + h) {
+    const uint32_t done = c.output_scanline - part->y;
+    jpeg_read_scanlines(&c, d->rows.data() + done, h - done);
+  }
+  // The whole image's end is read (a file cut short is found there); a
+  // part above the last row stops here.
+  if (c.output_scanline == c.output_height) {
+    jpeg_finish_decompress(&c);
+  } else {
+    jpeg_abort_decompress(&c);
+  }
+  if (cmyk) InvertedCmykToRgb(d->cmyk.data(), npx, out->pixels.data());
+}
 
 // Runs under setjmp (libjpeg's errors longjmp here): no locals with
-// destructors; the buffers live in `d` and `out`.
+// destructors; the buffers live in `d` and `out`. `region` (null: the whole
+// image) is what to decode at least, and `*where` what was.
 Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                       Image* out, ImageInfo* info_only) {
+                       Image* out, ImageInfo* info_only, const PixelRect* region, DecodedRegion* where) {
   jpeg_decompress_struct& c = d->cinfo;
   jpeg_mem_src(&c, bytes.data(), static_cast<unsigned long>(bytes.size()));
   if (jpeg_read_header(&c, TRUE) != JPEG_HEADER_OK) {
@@ -144,26 +203,19 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
     return Status::Internal("libjpeg decodes to " + std::to_string(c.output_width) + "x" +
                             std::to_string(c.output_height) + "x" + std::to_string(c.output_components));
   }
-  const size_t npx = size_t{w} * h;
-  out->width = w;
-  out->height = h;
-  out->pixels.resize(npx * 3);
-  uint8_t* base = out->pixels.data();
-  if (cmyk) {
-    d->cmyk.resize(npx * 4);
-    base = d->cmyk.data();
+  PixelRect p = Widened(c, region);
+  ReadPart(d, cmyk, &p, out);
+  if (where) {
+    where->x = p.x;
+    where->y = p.y;
+    where->full_width = w;
+    where->full_height = h;
   }
-  d->rows.resize(h);
-  for (uint32_t y = 0; y < h; ++y) d->rows[y] = base + size_t{y} * w * comps;
-  while (c.output_scanline < h) {
-    jpeg_read_scanlines(&c, d->rows.data() + c.output_scanline, h - c.output_scanline);
-  }
-  jpeg_finish_decompress(&c);
-  if (cmyk) InvertedCmykToRgb(d->cmyk.data(), npx, out->pixels.data());
   return Status::Ok();
 }
 
-Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out, ImageInfo* info_only) {
+Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out, ImageInfo* info_only,
+               const PixelRect* region = nullptr, DecodedRegion* where = nullptr) {
   if (bytes.size() < 3 || bytes[0] != 0xFF || bytes[1] != 0xD8 || bytes[2] != 0xFF) {
     return Status::Corruption("not a JPEG file (it does not start with FF D8 FF)");
   }
@@ -172,7 +224,7 @@ Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image
     return Status::Corruption(std::string(d->header_done ? "corrupt JPEG: " : "corrupt JPEG: not a valid JPEG header: ") +
                               "libjpeg: " + d->err.message);
   }
-  NL_RETURN_IF_ERROR(DecodeUnderJump(d.get(), bytes, limits, out, info_only));
+  NL_RETURN_IF_ERROR(DecodeUnderJump(d.get(), bytes, limits, out, info_only, region, where));
   if (d->err.truncated && !info_only) {
     return Status::Corruption("truncated JPEG: its data ends before the end marker (libjpeg: Premature end of JPEG file)");
   }
@@ -189,6 +241,11 @@ Result<ImageInfo> ReadJpegInfo(std::span<const uint8_t> bytes) {
 
 Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out) {
   return RunJpeg(bytes, limits, out, nullptr);
+}
+
+Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                            const PixelRect& region, DecodedRegion* out) {
+  return RunJpeg(bytes, limits, &out->image, nullptr, &region, out);
 }
 
 namespace {

@@ -33,17 +33,28 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
                                      : txn_.Decode(index, staged, rl));
   const auto t1 = Clock::now();
   t.read_ns = NanosSince(t0);
-  const uint8_t* rgb = rec.payload.data();
+  const int w = static_cast<int>(rec.header.width), h = static_cast<int>(rec.header.height);
+  const SampleGeometry g = transform_.Geometry(w, h, epoch, index);
+  SourceView view{rec.payload.data(), w, h, 0, 0, w, h};
   if (rec.header.encoding != Encoding::kRaw) {
-    Status st = DecodeImageInto(rec.payload, limits_, &decoded_);
-    if (st.ok()) st = CheckDecodedShape(rec.header, decoded_);
+    int x, y, rw, rh;
+    SampleTransform::SourceRegion(g, w, h, &x, &y, &rw, &rh);
+    const PixelRect region{static_cast<uint32_t>(x), static_cast<uint32_t>(y), static_cast<uint32_t>(rw),
+                           static_cast<uint32_t>(rh)};
+    Status st = DecodeImageRegionInto(rec.payload, limits_, region, &decoded_);
+    if (st.ok()) st = CheckDecodedShape(rec.header, decoded_.full_width, decoded_.full_height);
+    const DecodedRegion& d = decoded_;
+    if (st.ok() && (d.x > region.x || d.y > region.y || d.x + d.image.width < region.x + region.w ||
+                    d.y + d.image.height < region.y + region.h)) {
+      st = Status::Internal("the region decode does not hold the crop");  // never: DecodeImageRegionInto's contract
+    }
     if (!st.ok()) return st.WithContext(reader_->Where(index));
-    rgb = decoded_.pixels.data();
+    view = SourceView{d.image.pixels.data(), w, h, static_cast<int>(d.x), static_cast<int>(d.y),
+                      static_cast<int>(d.image.width), static_cast<int>(d.image.height)};
   }
   const auto t2 = Clock::now();
   t.decode_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
-  transform_.Apply(rgb, static_cast<int>(rec.header.width), static_cast<int>(rec.header.height),
-                   epoch, index, dst);
+  transform_.Apply(view, g, dst);
   t.transform_ns = NanosSince(t2);
   *label = rec.header.label;
   if (times) {

@@ -39,7 +39,10 @@ class SamplePath {
   // Writes sample `index`, as epoch `epoch` sees it, to dst[0, sample_bytes())
   // and its label to *label. Errors (record checks, decode failures, a
   // payload that decodes to another size than its header states, the pixel
-  // limit) name the split, shard and index; dst is then unspecified.
+  // limit) name the split, shard and index; dst is then unspecified. A
+  // JPEG is decoded only as far as the sample's crop reads it (its crop is
+  // chosen from the header's size before decoding; DecodeImageRegionInto),
+  // with the same pixels as a full decode.
   // `staged`: the record's bytes, read already (WindowStager); empty: read here.
   Status Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* label,
               SampleTimes* times = nullptr, std::span<const uint8_t> staged = {});
@@ -59,7 +62,7 @@ class SamplePath {
   SplitReader::ReadTxn txn_;
   SampleTransform transform_;
   DecodeLimits limits_;
-  Image decoded_;
+  DecodedRegion decoded_;  // the decoded image, or the part of it the crop reads
   bool pread_records_;
   std::vector<uint8_t> record_;  // the record's bytes, read with pread
 };

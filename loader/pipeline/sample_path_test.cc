@@ -61,6 +61,66 @@ TEST(SamplePath, ATruthfulRecordIsResizedLikeTheTransformAlone) {
   EXPECT_EQ(got, want);
 }
 
+// JPEG records are decoded only as far as the sample's crop reads them
+// (DecodeImageRegionInto): every sample, for random-resized crops of
+// photograph-sized images in several epochs, equals the full decode put
+// through the transform alone, and so does the eval transform's.
+TEST(SamplePath, AJpegDecodedAsFarAsItsCropGivesTheFullDecodesSample) {
+  testing::ScratchDir d;
+  std::vector<std::vector<uint8_t>> records;
+  std::vector<Image> images;
+  const uint32_t sizes[][2] = {{301, 203}, {160, 320}, {97, 61}};
+  for (uint32_t i = 0; i < 3; ++i) {
+    images.push_back(testing::PatternImage(sizes[i][0], sizes[i][1], 40 + i));
+    JpegEncodeOptions jo;
+    jo.quality = 90;
+    jo.subsampling = i == 1 ? ChromaSubsampling::k422 : ChromaSubsampling::k420;
+    jo.progressive = i == 2;
+    const std::vector<uint8_t> jpg = *EncodeJpeg(images[i].pixels, images[i].width, images[i].height, 3, jo);
+    images[i] = *DecodeImage(jpg);  // the full decode
+    RecordHeader h;
+    h.label = static_cast<int64_t>(i);
+    h.encoding = Encoding::kJpeg;
+    h.width = images[i].width;
+    h.height = images[i].height;
+    records.push_back(testing::CraftRecord(h, jpg));
+  }
+  testing::TestShardSetSpec spec;
+  spec.encoding = "jpeg";
+  spec.num_classes = 3;
+  testing::WriteShardSetForTest(d / "set", records, spec);
+  Opened o = Open(d / "set");
+  TransformConfig train;
+  train.image_size = 32;
+  train.train = true;
+  train.random_resized_crop = true;
+  train.seed = 3;
+  TransformConfig eval;
+  eval.image_size = 32;
+  eval.resize = ResizeMode::kShorterCrop;
+  int cropped = 0;
+  for (const TransformConfig& tc : {train, eval}) {
+    SamplePath path(*o.reader, tc, DecodeLimits{});
+    SampleTransform alone(tc);
+    std::vector<uint8_t> got(path.sample_bytes()), want(path.sample_bytes());
+    for (uint64_t epoch = 0; epoch < 8; ++epoch) {
+      for (uint64_t i = 0; i < 3; ++i) {
+        int64_t label = -1;
+        const Status st = path.Load(epoch, i, got.data(), &label);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        EXPECT_EQ(label, static_cast<int64_t>(i));
+        const Image& img = images[i];
+        alone.Apply(img.pixels.data(), static_cast<int>(img.width), static_cast<int>(img.height), epoch, i,
+                    want.data());
+        ASSERT_EQ(got, want) << "epoch " << epoch << " sample " << i;
+        const SampleGeometry g = alone.Geometry(static_cast<int>(img.width), static_cast<int>(img.height), epoch, i);
+        cropped += g.crop_w * 2 < static_cast<int>(img.width) && g.crop_h * 2 < static_cast<int>(img.height);
+      }
+    }
+  }
+  EXPECT_GT(cropped, 0) << "no crop was small enough to leave most of an image undecoded";
+}
+
 TEST(SamplePath, RecordsReadWithPreadGiveTheSameSampleAsThroughTheMap) {
   testing::ScratchDir d;
   Opened o = Open(LyingSet(d));
@@ -94,6 +154,44 @@ TEST(SamplePath, AHeaderThatDisagreesWithItsPayloadIsCorruptionNamingTheSample) 
             std::string::npos)
       << smaller.message();
   EXPECT_TRUE(path.Load(0, 0, out.data(), &label).ok()) << "one bad record leaves the path usable";
+}
+
+// The same for JPEG records decoded as far as a random crop reads them: the
+// crop is chosen from the header's size, so a header that lies makes a
+// crop inside or outside the real image; either way the sample is refused
+// with the sizes, whatever the crop (8 epochs), never read past.
+TEST(SamplePath, AJpegWhoseHeaderLiesIsCorruptionWhateverItsCrop) {
+  testing::ScratchDir d;
+  const Image img = testing::PatternImage(40, 30, 5);
+  const std::vector<uint8_t> jpg = *EncodeJpeg(img.pixels, 40, 30, 3);
+  std::vector<std::vector<uint8_t>> records;
+  for (const auto& [w, h] : {std::pair{400u, 300u}, std::pair{20u, 15u}, std::pair{40u, 31u}}) {
+    RecordHeader hd;
+    hd.encoding = Encoding::kJpeg;
+    hd.width = w;
+    hd.height = h;
+    records.push_back(testing::CraftRecord(hd, jpg));
+  }
+  testing::TestShardSetSpec spec;
+  spec.encoding = "jpeg";
+  testing::WriteShardSetForTest(d / "set", records, spec);
+  Opened o = Open(d / "set");
+  TransformConfig tc;
+  tc.image_size = 16;
+  tc.train = true;
+  tc.random_resized_crop = true;
+  SamplePath path(*o.reader, tc, DecodeLimits{});
+  std::vector<uint8_t> out(path.sample_bytes());
+  int64_t label = 0;
+  for (uint64_t epoch = 0; epoch < 8; ++epoch) {
+    for (uint64_t i = 0; i < 3; ++i) {
+      const Status st = path.Load(epoch, i, out.data(), &label);
+      EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+      EXPECT_NE(st.message().find("index " + std::to_string(i) + ": image decodes to 40x30 but the header says"),
+                std::string::npos)
+          << st.message();
+    }
+  }
 }
 
 // `loader preview` read past the decoded image on such a record (ASan:

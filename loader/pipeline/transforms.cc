@@ -95,7 +95,21 @@ SampleGeometry SampleTransform::Geometry(int w, int h, uint64_t epoch, uint64_t 
 
 void SampleTransform::Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, uint64_t index,
                             uint8_t* out) {
-  const SampleGeometry g = Geometry(w, h, epoch, index);
+  Apply(SourceView{rgb, w, h, 0, 0, w, h}, Geometry(w, h, epoch, index), out);
+}
+
+void SampleTransform::SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw,
+                                   int* rh) {
+  const int x0 = std::clamp(g.crop_x - g.pad, 0, w), x1 = std::clamp(g.crop_x - g.pad + g.crop_w, 0, w);
+  const int y0 = std::clamp(g.crop_y - g.pad, 0, h), y1 = std::clamp(g.crop_y - g.pad + g.crop_h, 0, h);
+  *x = x0;
+  *y = y0;
+  *rw = x1 - x0;
+  *rh = y1 - y0;
+}
+
+void SampleTransform::Apply(const SourceView& v, const SampleGeometry& g, uint8_t* out) {
+  const int w = v.w, h = v.h;
   const int s = c_.image_size;
   const size_t plane = static_cast<size_t>(g.crop_w) * g.crop_h;
   planes_.resize(plane * 3);
@@ -116,7 +130,8 @@ void SampleTransform::Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, ui
     // Crop columns x with source column sx = crop_x + x - pad inside [0, w).
     const int x_lo = std::clamp(g.pad - g.crop_x, 0, g.crop_w);
     const int x_hi = std::clamp(w + g.pad - g.crop_x, x_lo, g.crop_w);
-    const uint8_t* src = rgb + (static_cast<size_t>(sy) * w + (g.crop_x + x_lo - g.pad)) * 3;
+    const uint8_t* src =
+        v.rgb + (static_cast<size_t>(sy - v.y0) * v.view_w + (g.crop_x + x_lo - g.pad - v.x0)) * 3;
     for (int x = 0; x < g.crop_w; ++x) {
       const int dx = g.flip ? g.crop_w - 1 - x : x;  // where crop column x lands
       if (x < x_lo || x >= x_hi) {

@@ -54,6 +54,16 @@ struct SampleGeometry {
   int out_x = 0, out_y = 0;    // window of that resize that is kept (S x S)
 };
 
+// The source Apply reads: a full image of w x h whose columns
+// [x0, x0 + view_w) and rows [y0, y0 + view_h) `rgb` holds (RGB, rows of
+// view_w pixels); the whole image when x0 = y0 = 0 and view_w/h = w/h, else
+// what a region decode gave (DecodeImageRegionInto).
+struct SourceView {
+  const uint8_t* rgb = nullptr;
+  int w = 0, h = 0;
+  int x0 = 0, y0 = 0, view_w = 0, view_h = 0;
+};
+
 class SampleTransform {
  public:
   explicit SampleTransform(TransformConfig c);
@@ -65,6 +75,13 @@ class SampleTransform {
   // Transforms an RGB image (HWC, w x h) into `out` (SampleBytes() bytes, in
   // the configured layout). Thread-compatible: one SampleTransform per thread.
   void Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, uint64_t index, uint8_t* out);
+  // The pixels of a w x h source that geometry `g` reads: its crop clipped
+  // to the image (empty, w or h 0, when the crop is all padding). What a
+  // region decode is asked for.
+  static void SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw, int* rh);
+  // As Apply, with the geometry given and from a view that holds at least
+  // SourceRegion(g) of the image.
+  void Apply(const SourceView& src, const SampleGeometry& g, uint8_t* out);
 
  private:
   TransformConfig c_;

@@ -1,0 +1,191 @@
+// Region decode (DecodeJpegRegionInto): its pixels are the full decode's,
+// for every sampling, colour space and coding a photograph arrives in.
+#include <cstdio>
+#include <jpeglib.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/image.h"
+
+namespace nl {
+namespace {
+
+// How a test JPEG is coded: libjpeg's own compressor, which (unlike
+// TurboJPEG's) takes any sampling factors and restart intervals.
+struct Coding {
+  std::string name;
+  int components = 3;  // 1 gray, 3 RGB (coded YCbCr), 4 CMYK (coded YCCK)
+  int h_samp = 2, v_samp = 2;  // the first component's; the others 1x1
+  bool progressive = false;
+  int restart_rows = 0;  // a restart marker every N MCU rows (0: none)
+};
+
+void PrintTo(const Coding& k, std::ostream* os) { *os << k.name; }
+
+std::vector<uint8_t> Encode(const std::vector<uint8_t>& px, int w, int h, const Coding& k) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);  // valid parameters: libjpeg never fails here
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = static_cast<JDIMENSION>(w);
+  c.image_height = static_cast<JDIMENSION>(h);
+  c.input_components = k.components;
+  c.in_color_space = k.components == 1 ? JCS_GRAYSCALE : k.components == 3 ? JCS_RGB : JCS_CMYK;
+  jpeg_set_defaults(&c);
+  if (k.components == 4) jpeg_set_colorspace(&c, JCS_YCCK);
+  jpeg_set_quality(&c, 90, TRUE);
+  c.comp_info[0].h_samp_factor = k.h_samp;
+  c.comp_info[0].v_samp_factor = k.v_samp;
+  for (int i = 1; i < c.num_components; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
+  if (k.progressive) jpeg_simple_progression(&c);
+  c.restart_in_rows = k.restart_rows;
+  jpeg_start_compress(&c, TRUE);
+  const size_t stride = static_cast<size_t>(w) * k.components;
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(px.data()) + c.next_scanline * stride;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::vector<uint8_t> out(buf, buf + size);
+  free(buf);
+  return out;
+}
+
+// A photograph-like image: smooth colour gradients with noise and edges, so
+// that every block has chroma and detail.
+std::vector<uint8_t> Picture(int w, int h, int comps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * comps);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int ch = 0; ch < comps; ++ch) {
+        const int edge = ((x / 13 + y / 7 + ch) % 3 == 0) ? 60 : 0;
+        const int v = (x * (3 + ch) + y * (5 - ch)) % 200 + edge + static_cast<int>(rng() % 24);
+        px[(static_cast<size_t>(y) * w + x) * comps + ch] = static_cast<uint8_t>(std::min(v, 255));
+      }
+  return px;
+}
+
+// Every pixel of `region` (clipped to the image) in the region decode
+// equals the full decode's; the decoded part contains the region.
+void ExpectRegionExact(const std::vector<uint8_t>& jpg, const Image& full, PixelRect r,
+                       const std::string& what) {
+  DecodedRegion got;
+  ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &got).ok()) << what;
+  ASSERT_EQ(got.full_width, full.width);
+  ASSERT_EQ(got.full_height, full.height);
+  const bool whole = r.w == 0 || r.h == 0 || r.x >= full.width || r.y >= full.height;
+  if (whole) r = {0, 0, full.width, full.height};
+  const uint32_t x1 = std::min<uint64_t>(full.width, uint64_t{r.x} + r.w);
+  const uint32_t y1 = std::min<uint64_t>(full.height, uint64_t{r.y} + r.h);
+  ASSERT_LE(got.x, r.x) << what;
+  ASSERT_LE(got.y, r.y) << what;
+  ASSERT_GE(got.x + got.image.width, x1) << what;
+  ASSERT_GE(got.y + got.image.height, y1) << what;
+  ASSERT_LE(got.x + got.image.width, full.width) << what;
+  ASSERT_LE(got.y + got.image.height, full.height) << what;
+  ASSERT_EQ(got.image.pixels.size(), size_t{got.image.width} * got.image.height * 3);
+  for (uint32_t y = r.y; y < y1; ++y) {
+    const uint8_t* a = full.pixels.data() + (size_t{y} * full.width + r.x) * 3;
+    const uint8_t* b = got.image.pixels.data() + (size_t{y - got.y} * got.image.width + (r.x - got.x)) * 3;
+    ASSERT_TRUE(std::equal(a, a + size_t{x1 - r.x} * 3, b))
+        << what << ": row " << y << " of region " << r.x << "," << r.y << " " << r.w << "x" << r.h
+        << " differs from the full decode";
+  }
+}
+
+class JpegRegion : public testing::TestWithParam<Coding> {};
+
+// Regions at odd offsets and sizes, 1-pixel regions, edges, corners, the
+// whole image, and regions that reach past the image (clipped): identical
+// to the full decode, at two image sizes that are not whole MCUs.
+TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
+  const Coding& k = GetParam();
+  for (const auto& [w, h] : {std::pair{203, 157}, std::pair{64, 33}}) {
+    const std::vector<uint8_t> jpg = Encode(Picture(w, h, k.components, 11), w, h, k);
+    Result<Image> full = DecodeImage(jpg);
+    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    const uint32_t W = static_cast<uint32_t>(w), H = static_cast<uint32_t>(h);
+    std::vector<PixelRect> regions = {
+        {0, 0, W, H},         {0, 0, 1, 1},         {W - 1, H - 1, 1, 1}, {W / 2, H / 2, 1, 1},
+        {17, 9, 1, H - 9},    {5, 31, W - 5, 1},    {W - 3, 0, 3, H},     {0, H - 2, W, 2},
+        {13, 7, 40, 23},      {W - 20, H - 20, 500, 500}, {0, 0, 0, 0},   {W + 4, 0, 5, 5}};
+    std::mt19937 rng(5);
+    for (int i = 0; i < 60; ++i) {
+      const uint32_t x = static_cast<uint32_t>(rng() % W), y = static_cast<uint32_t>(rng() % H);
+      regions.push_back({x, y, static_cast<uint32_t>(1 + rng() % (W - x)), static_cast<uint32_t>(1 + rng() % (H - y))});
+    }
+    for (const PixelRect& r : regions) {
+      ExpectRegionExact(jpg, *full, r, k.name + " " + std::to_string(w) + "x" + std::to_string(h));
+      if (testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codings, JpegRegion,
+    testing::Values(Coding{"s444", 3, 1, 1}, Coding{"s422", 3, 2, 1}, Coding{"s420", 3, 2, 2},
+                    Coding{"s440", 3, 1, 2}, Coding{"s411", 3, 4, 1}, Coding{"gray", 1, 1, 1},
+                    Coding{"cmyk", 4, 2, 2}, Coding{"progressive420", 3, 2, 2, true},
+                    Coding{"progressive444", 3, 1, 1, true}, Coding{"restart420", 3, 2, 2, false, 1},
+                    Coding{"progressiveRestart422", 3, 2, 1, true, 2}),
+    [](const testing::TestParamInfo<Coding>& i) { return i.param.name; });
+
+// Decoding stops after the region's last row: a JPEG cut short below the
+// region gives the region (the packer decodes every image whole, so a pack
+// holds none such); one cut short within the region is refused as
+// truncated, as the full decode is.
+TEST(JpegRegionDecode, StopsAfterTheRegionsLastRow) {
+  const int w = 160, h = 320;
+  const std::vector<uint8_t> jpg = Encode(Picture(w, h, 3, 3), w, h, Coding{"s420", 3, 2, 2});
+  const std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() * 6 / 10));
+  EXPECT_EQ(DecodeImage(cut).status().code(), StatusCode::kCorruption);
+  Result<Image> full = DecodeImage(jpg);
+  ASSERT_TRUE(full.ok());
+  DecodedRegion top;
+  ASSERT_TRUE(DecodeJpegRegionInto(cut, {}, {10, 10, 50, 40}, &top).ok());
+  ExpectRegionExact(jpg, *full, {10, 10, 50, 40}, "top of the uncut file");
+  DecodedRegion bottom;
+  const Status st = DecodeJpegRegionInto(cut, {}, {10, 280, 50, 30}, &bottom);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption);
+  EXPECT_NE(st.message().find("truncated JPEG"), std::string::npos) << st.ToString();
+}
+
+// The pixel limit is the whole image's, checked from the header, whatever
+// the region; PNG and other formats go through the full decode.
+TEST(JpegRegionDecode, LimitsAndOtherFormats) {
+  const int w = 64, h = 48;
+  const std::vector<uint8_t> px = Picture(w, h, 3, 9);
+  const std::vector<uint8_t> jpg = Encode(px, w, h, Coding{"s420", 3, 2, 2});
+  DecodedRegion r;
+  EXPECT_EQ(DecodeImageRegionInto(jpg, {.max_pixels = 100}, {0, 0, 2, 2}, &r).code(),
+            StatusCode::kResourceExhausted);
+  Image img;
+  img.width = w;
+  img.height = h;
+  img.pixels = px;
+  Result<std::vector<uint8_t>> png = EncodePng(img);
+  ASSERT_TRUE(png.ok());
+  ASSERT_TRUE(DecodeImageRegionInto(*png, {}, {5, 5, 3, 3}, &r).ok());
+  EXPECT_EQ(r.x, 0u);
+  EXPECT_EQ(r.y, 0u);
+  EXPECT_EQ(r.image.width, 64u);
+  EXPECT_EQ(r.full_height, 48u);
+  EXPECT_EQ(r.image.pixels, px);
+  EXPECT_EQ(DecodeImageRegionInto(std::vector<uint8_t>{0xFF, 0xD8, 0xFF, 0x00}, {}, {0, 0, 1, 1}, &r).code(),
+            StatusCode::kCorruption);
+}
+
+}  // namespace
+}  // namespace nl
