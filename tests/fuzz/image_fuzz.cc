@@ -1,6 +1,9 @@
 // libFuzzer target: bytes through our PNG and JPEG wrappers (with a pixel
-// limit), header-only and whole decodes. Built twice: png_fuzz (seeds: PNGs)
+// limit), header-only, whole and (JPEG) region decodes; a region decode
+// must hold its region and, where the whole decode succeeds too, equal it
+// there. Built twice: png_fuzz (seeds: PNGs)
 // and jpeg_fuzz (seeds: JPEGs); both take any bytes.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -18,5 +21,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nl::Status s = nl::DecodePngInto(bytes, limits, &img);
 #endif
   if (s.ok() && img.pixels.size() != size_t{img.width} * img.height * 3) __builtin_trap();
+#if defined(NL_FUZZ_JPEG)
+  // A region from the input's last bytes: the same bytes also steer the
+  // decoder, so regions vary with the coverage.
+  if (size >= 8) {
+    const uint8_t* t = data + size - 8;
+    const nl::PixelRect r{uint32_t{t[0]} | uint32_t{t[1]} << 8, uint32_t{t[2]} | uint32_t{t[3]} << 8,
+                          uint32_t{t[4]} | uint32_t{t[5]} << 8, uint32_t{t[6]} | uint32_t{t[7]} << 8};
+    nl::DecodedRegion part;
+    if (nl::DecodeJpegRegionInto(bytes, limits, r, &part).ok()) {
+      const nl::Image& p = part.image;
+      if (p.pixels.size() != size_t{p.width} * p.height * 3) __builtin_trap();
+      if (uint64_t{part.x} + p.width > part.full_width || uint64_t{part.y} + p.height > part.full_height)
+        __builtin_trap();
+      if (s.ok()) {
+        if (part.full_width != img.width || part.full_height != img.height) __builtin_trap();
+        // The region, clipped (an empty or outside one: the whole image).
+        const bool whole = r.w == 0 || r.h == 0 || r.x >= img.width || r.y >= img.height;
+        const uint32_t x0 = whole ? 0 : r.x, y0 = whole ? 0 : r.y;
+        const uint32_t x1 = whole ? img.width : static_cast<uint32_t>(std::min<uint64_t>(img.width, uint64_t{r.x} + r.w));
+        const uint32_t y1 = whole ? img.height : static_cast<uint32_t>(std::min<uint64_t>(img.height, uint64_t{r.y} + r.h));
+        if (part.x > x0 || part.y > y0 || part.x + p.width < x1 || part.y + p.height < y1) __builtin_trap();
+        for (uint32_t y = y0; y < y1; ++y)
+          for (uint32_t x = x0; x < x1; ++x)
+            for (int c = 0; c < 3; ++c)
+              if (p.pixels[(size_t{y - part.y} * p.width + (x - part.x)) * 3 + c] !=
+                  img.pixels[(size_t{y} * img.width + x) * 3 + c])
+                __builtin_trap();
+      }
+    }
+  }
+#endif
   return 0;
 }
