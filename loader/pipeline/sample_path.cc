@@ -38,7 +38,7 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
   SourceView view{rec.payload.data(), w, h, 0, 0, w, h};
   if (rec.header.encoding != Encoding::kRaw) {
     int x, y, rw, rh;
-    SampleTransform::SourceRegion(g, w, h, &x, &y, &rw, &rh);
+    transform_.SourceRegion(g, w, h, &x, &y, &rw, &rh);
     const PixelRect region{static_cast<uint32_t>(x), static_cast<uint32_t>(y), static_cast<uint32_t>(rw),
                            static_cast<uint32_t>(rh)};
     Status st = DecodeImageRegionInto(rec.payload, limits_, region, &decoded_);

@@ -98,10 +98,37 @@ void SampleTransform::Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, ui
   Apply(SourceView{rgb, w, h, 0, 0, w, h}, Geometry(w, h, epoch, index), out);
 }
 
+namespace {
+// The inputs [*lo, *hi) an axis's outputs read.
+void TapRange(const ResizeAxis& a, int* lo, int* hi) {
+  *lo = a.in_size;
+  *hi = 0;
+  for (size_t o = 0; o < a.first.size(); ++o) {
+    if (a.count[o] <= 0) continue;
+    *lo = std::min(*lo, a.first[o]);
+    *hi = std::max(*hi, a.first[o] + a.count[o]);
+  }
+  if (*hi <= *lo) *lo = *hi = 0;
+}
+}  // namespace
+
 void SampleTransform::SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw,
                                    int* rh) {
-  const int x0 = std::clamp(g.crop_x - g.pad, 0, w), x1 = std::clamp(g.crop_x - g.pad + g.crop_w, 0, w);
-  const int y0 = std::clamp(g.crop_y - g.pad, 0, h), y1 = std::clamp(g.crop_y - g.pad + g.crop_h, 0, h);
+  const int s = c_.image_size;
+  // Columns and rows of the crop (after its flip, for the columns) that the
+  // resize to full_w x full_h reads for the window kept.
+  int cx0, cx1, cy0, cy1;
+  MakeBilinearAxis(g.crop_w, g.full_w, g.out_x, s, &probe_);
+  TapRange(probe_, &cx0, &cx1);
+  if (g.flip) {
+    const int lo = g.crop_w - cx1;
+    cx1 = g.crop_w - cx0;
+    cx0 = lo;
+  }
+  MakeBilinearAxis(g.crop_h, g.full_h, g.out_y, s, &probe_);
+  TapRange(probe_, &cy0, &cy1);
+  const int x0 = std::clamp(g.crop_x - g.pad + cx0, 0, w), x1 = std::clamp(g.crop_x - g.pad + cx1, 0, w);
+  const int y0 = std::clamp(g.crop_y - g.pad + cy0, 0, h), y1 = std::clamp(g.crop_y - g.pad + cy1, 0, h);
   *x = x0;
   *y = y0;
   *rw = x1 - x0;
@@ -118,18 +145,21 @@ void SampleTransform::Apply(const SourceView& v, const SampleGeometry& g, uint8_
   uint8_t* p0 = planes_.data();
   uint8_t* p1 = p0 + plane;
   uint8_t* p2 = p1 + plane;
+  // Rows and columns outside the view (the resize reads none of them) are
+  // zeros, as the padding.
   for (int y = 0; y < g.crop_h; ++y) {
     const int sy = g.crop_y + y - g.pad;
     const size_t row = static_cast<size_t>(y) * g.crop_w;
-    if (sy < 0 || sy >= h) {
+    if (sy < std::max(0, v.y0) || sy >= std::min(h, v.y0 + v.view_h)) {
       std::memset(p0 + row, 0, g.crop_w);
       std::memset(p1 + row, 0, g.crop_w);
       std::memset(p2 + row, 0, g.crop_w);
       continue;
     }
-    // Crop columns x with source column sx = crop_x + x - pad inside [0, w).
-    const int x_lo = std::clamp(g.pad - g.crop_x, 0, g.crop_w);
-    const int x_hi = std::clamp(w + g.pad - g.crop_x, x_lo, g.crop_w);
+    // Crop columns x with source column sx = crop_x + x - pad inside [0, w)
+    // and the view.
+    const int x_lo = std::clamp(std::max(0, v.x0) + g.pad - g.crop_x, 0, g.crop_w);
+    const int x_hi = std::clamp(std::min(w, v.x0 + v.view_w) + g.pad - g.crop_x, x_lo, g.crop_w);
     const uint8_t* src =
         v.rgb + (static_cast<size_t>(sy - v.y0) * v.view_w + (g.crop_x + x_lo - g.pad - v.x0)) * 3;
     for (int x = 0; x < g.crop_w; ++x) {

@@ -75,10 +75,12 @@ class SampleTransform {
   // Transforms an RGB image (HWC, w x h) into `out` (SampleBytes() bytes, in
   // the configured layout). Thread-compatible: one SampleTransform per thread.
   void Apply(const uint8_t* rgb, int w, int h, uint64_t epoch, uint64_t index, uint8_t* out);
-  // The pixels of a w x h source that geometry `g` reads: its crop clipped
-  // to the image (empty, w or h 0, when the crop is all padding). What a
-  // region decode is asked for.
-  static void SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw, int* rh);
+  // The pixels of a w x h source that geometry `g` reads: the resize's taps
+  // for the kept window (shorter-crop keeps the middle of its resize, so
+  // the sides of a wide image are never read), within the crop, clipped to
+  // the image (empty, w or h 0, when only padding is read). What a region
+  // decode is asked for.
+  void SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw, int* rh);
   // As Apply, with the geometry given and from a view that holds at least
   // SourceRegion(g) of the image.
   void Apply(const SourceView& src, const SampleGeometry& g, uint8_t* out);
@@ -86,6 +88,7 @@ class SampleTransform {
  private:
   TransformConfig c_;
   PlaneResizer resizer_;
+  ResizeAxis probe_;  // SourceRegion's scratch
   std::vector<uint8_t> planes_;  // source crop as 3 planes
   std::vector<uint8_t> staged_;  // resized planes, before interleave / normalize
   std::array<std::array<float, 256>, 3> lut_{};

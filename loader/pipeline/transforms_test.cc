@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "tests/support/test_util.h"
@@ -95,6 +96,54 @@ TEST(Transform, RandomResizedCropStaysInsideAndVaries) {
     sizes.insert({g.crop_w, g.crop_h});
   }
   EXPECT_GT(sizes.size(), 50u);
+}
+
+// What a region decode is asked for (SourceRegion) is all the transform
+// reads: from a view that holds only that region (the rest of the image
+// absent), every transform gives the full image's bytes, for eval's squash
+// and shorter-crop (which reads only the middle of a wide image), pad-crop
+// and random-resized crops, flipped or not, shrinking and enlarging.
+TEST(Transform, AViewOfTheSourceRegionGivesTheWholeImagesBytes) {
+  std::vector<TransformConfig> configs(5);
+  configs[0].resize = ResizeMode::kSquash;
+  configs[1].resize = ResizeMode::kShorterCrop;
+  configs[2].train = true;
+  configs[2].pad_crop = 4;
+  configs[3].train = true;
+  configs[3].random_resized_crop = true;
+  configs[4] = configs[3];
+  configs[4].normalize = true;
+  configs[4].layout = Layout::kNHWC;
+  int narrower = 0;
+  for (size_t ci = 0; ci < configs.size(); ++ci) {
+    TransformConfig c = configs[ci];
+    for (const int s : {24, 64}) {
+      c.image_size = s;
+      c.seed = 9;
+      SampleTransform t(c);
+      for (const auto& [w, h] : {std::pair{97, 41}, std::pair{30, 52}, std::pair{24, 24}}) {
+        const std::vector<uint8_t> img = Rgb(w, h, 7);
+        for (uint64_t index = 0; index < 12; ++index) {
+          std::vector<uint8_t> want(t.SampleBytes()), got(t.SampleBytes(), 0xAB);
+          t.Apply(img.data(), w, h, 3, index, want.data());
+          const SampleGeometry g = t.Geometry(w, h, 3, index);
+          int x, y, rw, rh;
+          t.SourceRegion(g, w, h, &x, &y, &rw, &rh);
+          ASSERT_TRUE(x >= 0 && y >= 0 && x + rw <= w && y + rh <= h);
+          narrower += rw < w || rh < h;
+          // The region alone, in a buffer of its own size.
+          std::vector<uint8_t> part(static_cast<size_t>(std::max(rw, 1)) * std::max(rh, 1) * 3);
+          for (int r = 0; r < rh; ++r)
+            std::copy_n(img.data() + (static_cast<size_t>(y + r) * w + x) * 3, static_cast<size_t>(rw) * 3,
+                        part.data() + static_cast<size_t>(r) * rw * 3);
+          t.Apply(SourceView{part.data(), w, h, x, y, rw, rh}, g, got.data());
+          ASSERT_EQ(got, want) << "config " << ci << " size " << s << " image " << w << "x"
+                               << h << " index " << index;
+        }
+      }
+    }
+  }
+  EXPECT_GT(narrower, 20);
 }
 
 TEST(Transform, LayoutsAndNormalizeAgree) {
