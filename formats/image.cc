@@ -77,12 +77,14 @@ Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limit
 }
 
 Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                             const PixelRect& region, DecodedRegion* out) {
-  if (DetectImageFormat(bytes) == ImageFormat::kJpeg) return DecodeJpegRegionInto(bytes, limits, region, out);
+                             const PixelRect& region, DecodedRegion* out, int scale_eighths) {
+  if (DetectImageFormat(bytes) == ImageFormat::kJpeg)
+    return DecodeJpegRegionInto(bytes, limits, region, out, scale_eighths);
   NL_RETURN_IF_ERROR(DecodeImageInto(bytes, limits, &out->image));
   out->x = out->y = 0;
-  out->full_width = out->image.width;
-  out->full_height = out->image.height;
+  out->full_width = out->image_width = out->image.width;
+  out->full_height = out->image_height = out->image.height;
+  out->scale_eighths = 8;
   return Status::Ok();
 }
 

@@ -61,7 +61,9 @@ struct PixelRect {
 struct DecodedRegion {
   Image image;
   uint32_t x = 0, y = 0;
-  uint32_t full_width = 0, full_height = 0;
+  uint32_t full_width = 0, full_height = 0;  // at the scale decoded
+  int scale_eighths = 8;  // the scale decoded: full_width = ceil(image_width * scale_eighths / 8)
+  uint32_t image_width = 0, image_height = 0;  // the image's own size
 };
 
 // Decodes at least `region` of an image; its pixels are identical to the
@@ -71,11 +73,15 @@ struct DecodedRegion {
 // last row, so a JPEG damaged or cut short below the region decodes (the
 // packer and `verify` decode every image whole). PNG decodes whole. An empty
 // region (w or h 0) or one outside the image asks for the whole image.
-// Errors as DecodeImageInto's.
+// `scale_eighths` (1..8): a JPEG is decoded at that scale, in libjpeg's DCT
+// domain (scale_num / 8: the image is then ceil(w * N / 8) wide), and the
+// region is in that scaled image's pixels; its pixels are the same region
+// of the full decode at that scale. Other formats decode at full scale
+// (out->scale_eighths says which). Errors as DecodeImageInto's.
 Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                             const PixelRect& region, DecodedRegion* out);
+                             const PixelRect& region, DecodedRegion* out, int scale_eighths = 8);
 Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                            const PixelRect& region, DecodedRegion* out);
+                            const PixelRect& region, DecodedRegion* out, int scale_eighths = 8);
 
 // That a record's decoded payload has the size its header states: Corruption
 // "image decodes to WxH but the header says WxH" otherwise (the caller adds

@@ -115,8 +115,14 @@ PixelRect Widened(const jpeg_decompress_struct& c, const PixelRect* region) {
   if (region == nullptr || region->w == 0 || region->h == 0 || region->x >= w || region->y >= h) {
     return {0, 0, w, h};
   }
-  const uint64_t mx = uint64_t{8} * static_cast<unsigned>(c.max_h_samp_factor);
-  const uint64_t my = uint64_t{8} * static_cast<unsigned>(c.max_v_samp_factor);
+  // An iMCU in output pixels (its blocks are min_DCT_scaled_size wide).
+#if JPEG_LIB_VERSION >= 70
+  const uint64_t bw = static_cast<unsigned>(c.min_DCT_h_scaled_size), bh = static_cast<unsigned>(c.min_DCT_v_scaled_size);
+#else
+  const uint64_t bw = static_cast<unsigned>(c.min_DCT_scaled_size), bh = bw;
+#endif
+  const uint64_t mx = bw * static_cast<unsigned>(c.max_h_samp_factor);
+  const uint64_t my = bh * static_cast<unsigned>(c.max_v_samp_factor);
   const uint64_t x0 = region->x > mx ? region->x - mx : 0, y0 = region->y > my ? region->y - my : 0;
   const uint64_t x1 = std::min<uint64_t>(w, uint64_t{region->x} + region->w + mx);
   const uint64_t y1 = std::min<uint64_t>(h, uint64_t{region->y} + region->h + my);
@@ -169,7 +175,8 @@ void ReadPart(JpegDecoder* d, bool cmyk, PixelRect* part, Image* out) {
 // destructors; the buffers live in `d` and `out`. `region` (null: the whole
 // image) is what to decode at least, and `*where` what was.
 Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                       Image* out, ImageInfo* info_only, const PixelRect* region, DecodedRegion* where) {
+                       Image* out, ImageInfo* info_only, const PixelRect* region, DecodedRegion* where,
+                       int scale_eighths) {
   jpeg_decompress_struct& c = d->cinfo;
   jpeg_mem_src(&c, bytes.data(), static_cast<unsigned long>(bytes.size()));
   if (jpeg_read_header(&c, TRUE) != JPEG_HEADER_OK) {
@@ -196,9 +203,13 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
   }
   const bool cmyk = c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK;
   c.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+  c.scale_num = static_cast<unsigned>(scale_eighths);
+  c.scale_denom = 8;
   jpeg_start_decompress(&c);
   const int comps = cmyk ? 4 : 3;
-  if (c.output_components != comps || c.output_width != w || c.output_height != h) {
+  const uint64_t sw = (uint64_t{w} * static_cast<unsigned>(scale_eighths) + 7) / 8;
+  const uint64_t sh = (uint64_t{h} * static_cast<unsigned>(scale_eighths) + 7) / 8;
+  if (c.output_components != comps || c.output_width != sw || c.output_height != sh) {
     jpeg_abort_decompress(&c);
     return Status::Internal("libjpeg decodes to " + std::to_string(c.output_width) + "x" +
                             std::to_string(c.output_height) + "x" + std::to_string(c.output_components));
@@ -208,14 +219,17 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
   if (where) {
     where->x = p.x;
     where->y = p.y;
-    where->full_width = w;
-    where->full_height = h;
+    where->full_width = static_cast<uint32_t>(sw);  // (output_width is the crop's now)
+    where->full_height = static_cast<uint32_t>(sh);
+    where->scale_eighths = scale_eighths;
+    where->image_width = w;
+    where->image_height = h;
   }
   return Status::Ok();
 }
 
 Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out, ImageInfo* info_only,
-               const PixelRect* region = nullptr, DecodedRegion* where = nullptr) {
+               const PixelRect* region = nullptr, DecodedRegion* where = nullptr, int scale_eighths = 8) {
   if (bytes.size() < 3 || bytes[0] != 0xFF || bytes[1] != 0xD8 || bytes[2] != 0xFF) {
     return Status::Corruption("not a JPEG file (it does not start with FF D8 FF)");
   }
@@ -224,7 +238,7 @@ Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image
     return Status::Corruption(std::string(d->header_done ? "corrupt JPEG: " : "corrupt JPEG: not a valid JPEG header: ") +
                               "libjpeg: " + d->err.message);
   }
-  NL_RETURN_IF_ERROR(DecodeUnderJump(d.get(), bytes, limits, out, info_only, region, where));
+  NL_RETURN_IF_ERROR(DecodeUnderJump(d.get(), bytes, limits, out, info_only, region, where, scale_eighths));
   if (d->err.truncated && !info_only) {
     return Status::Corruption("truncated JPEG: its data ends before the end marker (libjpeg: Premature end of JPEG file)");
   }
@@ -244,8 +258,11 @@ Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits
 }
 
 Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                            const PixelRect& region, DecodedRegion* out) {
-  return RunJpeg(bytes, limits, &out->image, nullptr, &region, out);
+                            const PixelRect& region, DecodedRegion* out, int scale_eighths) {
+  if (scale_eighths < 1 || scale_eighths > 8) {
+    return Status::InvalidArgument("JPEG scale must be 1/8..8/8, not " + std::to_string(scale_eighths) + "/8");
+  }
+  return RunJpeg(bytes, limits, &out->image, nullptr, &region, out, scale_eighths);
 }
 
 namespace {

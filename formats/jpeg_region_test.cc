@@ -80,9 +80,10 @@ std::vector<uint8_t> Picture(int w, int h, int comps, uint32_t seed) {
 // Every pixel of `region` (clipped to the image) in the region decode
 // equals the full decode's; the decoded part contains the region.
 void ExpectRegionExact(const std::vector<uint8_t>& jpg, const Image& full, PixelRect r,
-                       const std::string& what) {
+                       const std::string& what, int scale = 8) {
   DecodedRegion got;
-  ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &got).ok()) << what;
+  ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &got, scale).ok()) << what;
+  ASSERT_EQ(got.scale_eighths, scale);
   ASSERT_EQ(got.full_width, full.width);
   ASSERT_EQ(got.full_height, full.height);
   const bool whole = r.w == 0 || r.h == 0 || r.x >= full.width || r.y >= full.height;
@@ -129,6 +130,23 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
     for (const PixelRect& r : regions) {
       ExpectRegionExact(jpg, *full, r, k.name + " " + std::to_string(w) + "x" + std::to_string(h));
       if (testing::Test::HasFatalFailure()) return;
+    }
+    // Scaled in the DCT domain (--decode fast): the region of the decode at
+    // that scale, against the whole decode at that scale.
+    for (const int scale : {7, 4, 3, 1}) {
+      DecodedRegion whole;
+      ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &whole, scale).ok());
+      const uint32_t sw = (W * scale + 7) / 8, sh = (H * scale + 7) / 8;
+      ASSERT_EQ(whole.image.width, sw);
+      ASSERT_EQ(whole.image.height, sh);
+      EXPECT_EQ(whole.image_width, W);
+      std::mt19937 srng(scale);
+      for (int i = 0; i < 30; ++i) {
+        const uint32_t x = static_cast<uint32_t>(srng() % sw), y = static_cast<uint32_t>(srng() % sh);
+        const PixelRect r{x, y, static_cast<uint32_t>(1 + srng() % (sw - x)), static_cast<uint32_t>(1 + srng() % (sh - y))};
+        ExpectRegionExact(jpg, whole.image, r, k.name + " at " + std::to_string(scale) + "/8", scale);
+        if (testing::Test::HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -177,14 +195,17 @@ TEST(JpegRegionDecode, LimitsAndOtherFormats) {
   img.pixels = px;
   Result<std::vector<uint8_t>> png = EncodePng(img);
   ASSERT_TRUE(png.ok());
-  ASSERT_TRUE(DecodeImageRegionInto(*png, {}, {5, 5, 3, 3}, &r).ok());
+  ASSERT_TRUE(DecodeImageRegionInto(*png, {}, {5, 5, 3, 3}, &r, 4).ok());
   EXPECT_EQ(r.x, 0u);
   EXPECT_EQ(r.y, 0u);
   EXPECT_EQ(r.image.width, 64u);
   EXPECT_EQ(r.full_height, 48u);
   EXPECT_EQ(r.image.pixels, px);
+  EXPECT_EQ(r.scale_eighths, 8) << "a PNG decodes at full scale whatever is asked";
   EXPECT_EQ(DecodeImageRegionInto(std::vector<uint8_t>{0xFF, 0xD8, 0xFF, 0x00}, {}, {0, 0, 1, 1}, &r).code(),
             StatusCode::kCorruption);
+  EXPECT_EQ(DecodeJpegRegionInto(jpg, {}, {0, 0, 1, 1}, &r, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeJpegRegionInto(jpg, {}, {0, 0, 1, 1}, &r, 9).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

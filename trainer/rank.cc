@@ -620,6 +620,7 @@ std::pair<double, double> Rank::Evaluate() {
   c.shuffle = false;
   c.epochs = 1;
   c.transform.train = false;
+  c.transform.decode = DecodeMode::kExact;  // the eval transform's (--decode shapes training's)
   std::unique_ptr<Pipeline> pipe = Take(Pipeline::Open(c), "cannot open the " + o_.eval_split + " split");
   torch::NoGradGuard ng;
   model_->eval();

@@ -41,6 +41,12 @@ void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f, u
     app->add_flag("--random-resized-crop", f->rrc,
                   "Train: torchvision RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3)");
     app->add_flag("--no-flip", f->no_flip, "Train: no random horizontal flip");
+    app->add_option("--decode", f->decode,
+                    "JPEG decode: exact (only the crop's region, the pixels of a full decode), fast "
+                    "(that region scaled down in the DCT domain to the smallest N/8 that keeps the crop "
+                    "at least the output size; not bit-exact) or auto (fast for the train transform, "
+                    "exact for eval)")
+        ->capture_default_str();
   }
   if (sets & kTransformOutput) {
     app->add_option("--layout", f->layout, "nchw or nhwc")->capture_default_str();
@@ -86,6 +92,13 @@ Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
   NL_ASSIGN_OR_RETURN(c->resize, ParseResizeMode(f.resize));
   NL_ASSIGN_OR_RETURN(c->layout, ParseLayout(f.layout));
   NL_RETURN_IF_ERROR(FinishTrainTransform(f, c));
+  if (f.decode == "auto") {
+    c->decode = c->train ? DecodeMode::kFast : DecodeMode::kExact;
+  } else {
+    Result<DecodeMode> m = ParseDecodeMode(f.decode);
+    if (!m.ok()) return Status::InvalidArgument("--decode takes auto, exact or fast, not '" + f.decode + "'");
+    c->decode = *m;
+  }
   if (c->image_size < 1 || c->image_size > 8192)
     return Status::InvalidArgument("--image-size must be 1..8192");
   if (!c->normalize && (!f.mean.empty() || !f.std.empty())) {

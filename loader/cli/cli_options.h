@@ -29,6 +29,7 @@ namespace nl {
 // the trainer's: its flag is then `--augment` / `--no-augment`.
 struct TransformFlags {
   std::string resize = "squash", layout = "nchw", mean, std;
+  std::string decode = "auto";  // auto: fast for the train transform, exact for eval
   bool augment = false, rrc = false, no_flip = false;
   int pad_crop = 0;
   bool pad_crop_given = false;  // set by the parse when --pad-crop is given
@@ -39,7 +40,7 @@ struct TransformFlags {
 };
 enum TransformOptionSet : unsigned {
   kTransformShape =
-      1,  // --image-size --resize --augment --pad-crop --random-resized-crop --no-flip
+      1,  // --image-size --resize --augment --pad-crop --random-resized-crop --no-flip --decode
   kTransformOutput = 2,  // --layout --normalize --mean --std
   kTransformAll = 3,
 };

@@ -83,6 +83,7 @@ void PushTransform(std::vector<std::string>* a, const TransformConfig& t) {
     PushIf(a, t.random_resized_crop, "--random-resized-crop");
     PushIf(a, !t.flip, "--no-flip");
   }
+  Push(a, "--decode", DecodeModeName(t.decode));
   Push(a, "--layout", LayoutName(t.layout));
   if (t.normalize) {
     a->push_back("--normalize");

@@ -34,22 +34,33 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
   const auto t1 = Clock::now();
   t.read_ns = NanosSince(t0);
   const int w = static_cast<int>(rec.header.width), h = static_cast<int>(rec.header.height);
-  const SampleGeometry g = transform_.Geometry(w, h, epoch, index);
+  SampleGeometry g = transform_.Geometry(w, h, epoch, index);
   SourceView view{rec.payload.data(), w, h, 0, 0, w, h};
   if (rec.header.encoding != Encoding::kRaw) {
+    // --decode fast: a JPEG decoded at n/8 (its geometry scaled to match).
+    const int n = rec.header.encoding == Encoding::kJpeg ? transform_.DecodeScale(g) : 8;
+    int sw = w, sh = h;
+    if (n < 8) g = SampleTransform::Scaled(g, w, h, n, &sw, &sh);
     int x, y, rw, rh;
-    transform_.SourceRegion(g, w, h, &x, &y, &rw, &rh);
+    transform_.SourceRegion(g, sw, sh, &x, &y, &rw, &rh);
     const PixelRect region{static_cast<uint32_t>(x), static_cast<uint32_t>(y), static_cast<uint32_t>(rw),
                            static_cast<uint32_t>(rh)};
-    Status st = DecodeImageRegionInto(rec.payload, limits_, region, &decoded_);
-    if (st.ok()) st = CheckDecodedShape(rec.header, decoded_.full_width, decoded_.full_height);
+    Status st = DecodeImageRegionInto(rec.payload, limits_, region, &decoded_, n);
+    if (st.ok()) st = CheckDecodedShape(rec.header, decoded_.image_width, decoded_.image_height);
     const DecodedRegion& d = decoded_;
+    if (st.ok() && (d.scale_eighths != n || d.full_width != static_cast<uint32_t>(sw) ||
+                    d.full_height != static_cast<uint32_t>(sh))) {
+      // A PNG in a JPEG record decodes at full scale: its sample is refused
+      // rather than cropped with the scaled geometry.
+      st = Status::Corruption("the record says JPEG but its payload decodes as " +
+                              std::string(ImageFormatName(DetectImageFormat(rec.payload))));
+    }
     if (st.ok() && (d.x > region.x || d.y > region.y || d.x + d.image.width < region.x + region.w ||
                     d.y + d.image.height < region.y + region.h)) {
       st = Status::Internal("the region decode does not hold the crop");  // never: DecodeImageRegionInto's contract
     }
     if (!st.ok()) return st.WithContext(reader_->Where(index));
-    view = SourceView{d.image.pixels.data(), w, h, static_cast<int>(d.x), static_cast<int>(d.y),
+    view = SourceView{d.image.pixels.data(), sw, sh, static_cast<int>(d.x), static_cast<int>(d.y),
                       static_cast<int>(d.image.width), static_cast<int>(d.image.height)};
   }
   const auto t2 = Clock::now();

@@ -121,6 +121,67 @@ TEST(SamplePath, AJpegDecodedAsFarAsItsCropGivesTheFullDecodesSample) {
   EXPECT_GT(cropped, 0) << "no crop was small enough to leave most of an image undecoded";
 }
 
+// --decode fast: a JPEG whose crop is at least twice the output is decoded
+// at a DCT scale n/8 < 1, as far as its scaled crop reads it; the sample is
+// the transform of the whole image decoded at that scale, with the crop
+// scaled (SampleTransform::Scaled), and near the exact sample (smooth
+// content: red and green are gradients; blue, noise, is left out).
+TEST(SamplePath, FastDecodeScalesInTheDctDomainAndStaysNearExact) {
+  testing::ScratchDir d;
+  Image img = testing::PatternImage(480, 360, 2);
+  const std::vector<uint8_t> jpg = *EncodeJpeg(img.pixels, img.width, img.height, 3);
+  RecordHeader h;
+  h.encoding = Encoding::kJpeg;
+  h.width = img.width;
+  h.height = img.height;
+  testing::TestShardSetSpec spec;
+  spec.encoding = "jpeg";
+  testing::WriteShardSetForTest(d / "set", {testing::CraftRecord(h, jpg)}, spec);
+  Opened o = Open(d / "set");
+  TransformConfig exact;
+  exact.image_size = 64;
+  exact.train = true;
+  exact.random_resized_crop = true;
+  exact.layout = Layout::kNHWC;
+  TransformConfig fast = exact;
+  fast.decode = DecodeMode::kFast;
+  SamplePath fast_path(*o.reader, fast, DecodeLimits{}), exact_path(*o.reader, exact, DecodeLimits{});
+  SampleTransform alone(fast);
+  std::vector<uint8_t> got(fast_path.sample_bytes()), want(got.size()), ex(got.size());
+  int scaled = 0;
+  double diff = 0;
+  size_t n = 0;
+  for (uint64_t epoch = 0; epoch < 24; ++epoch) {
+    int64_t label;
+    ASSERT_TRUE(fast_path.Load(epoch, 0, got.data(), &label).ok());
+    ASSERT_TRUE(exact_path.Load(epoch, 0, ex.data(), &label).ok());
+    const SampleGeometry g = alone.Geometry(480, 360, epoch, 0);
+    const int scale = alone.DecodeScale(g);
+    ASSERT_GE(scale, 1);
+    ASSERT_LE(scale, 8);
+    if (scale < 8) {
+      EXPECT_GE(g.crop_w * scale, 8 * 64) << "the scaled crop is at least the output";
+      EXPECT_GE(g.crop_h * scale, 8 * 64) << "the scaled crop is at least the output";
+      EXPECT_LT(std::min(g.crop_w, g.crop_h) * (scale - 1), 8 * 64) << "and the smallest such scale";
+    }
+    int sw, sh;
+    const SampleGeometry gs = SampleTransform::Scaled(g, 480, 360, scale, &sw, &sh);
+    DecodedRegion whole;
+    ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &whole, scale).ok());
+    alone.Apply(SourceView{whole.image.pixels.data(), sw, sh, 0, 0, sw, sh}, gs, want.data());
+    ASSERT_EQ(got, want) << "epoch " << epoch << " scale " << scale;
+    scaled += scale < 8;
+    for (size_t i = 0; i < got.size(); i += 3) {
+      diff += std::abs(got[i] - ex[i]) + std::abs(got[i + 1] - ex[i + 1]);
+      n += 2;
+    }
+  }
+  std::printf("--decode fast against exact: mean |difference| %.2f levels (24 samples, %d decoded scaled)\n",
+              diff / static_cast<double>(n), scaled);
+  EXPECT_GT(scaled, 3) << "few crops were small enough to scale";
+  EXPECT_LT(diff / static_cast<double>(n), 2.0) << "mean |fast - exact| in levels";
+}
+
 TEST(SamplePath, RecordsReadWithPreadGiveTheSameSampleAsThroughTheMap) {
   testing::ScratchDir d;
   Opened o = Open(LyingSet(d));

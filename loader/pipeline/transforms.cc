@@ -20,6 +20,38 @@ Result<Layout> ParseLayout(const std::string& s) {
   return Status::InvalidArgument("unknown layout '" + s + "' (use nchw or nhwc)");
 }
 
+Result<DecodeMode> ParseDecodeMode(const std::string& s) {
+  if (s == "exact") return DecodeMode::kExact;
+  if (s == "fast") return DecodeMode::kFast;
+  return Status::InvalidArgument("unknown decode mode '" + s + "' (use exact or fast)");
+}
+
+const char* DecodeModeName(DecodeMode m) { return m == DecodeMode::kFast ? "fast" : "exact"; }
+
+int SampleTransform::DecodeScale(const SampleGeometry& g) const {
+  if (c_.decode != DecodeMode::kFast || g.pad != 0 || g.crop_w < 1 || g.crop_h < 1) return 8;
+  // The smallest n with crop * n / 8 >= full along both axes.
+  const int64_t nx = (int64_t{8} * g.full_w + g.crop_w - 1) / g.crop_w;
+  const int64_t ny = (int64_t{8} * g.full_h + g.crop_h - 1) / g.crop_h;
+  return static_cast<int>(std::clamp<int64_t>(std::max(nx, ny), 1, 8));
+}
+
+SampleGeometry SampleTransform::Scaled(const SampleGeometry& g, int w, int h, int n, int* sw, int* sh) {
+  *sw = static_cast<int>((int64_t{w} * n + 7) / 8);
+  *sh = static_cast<int>((int64_t{h} * n + 7) / 8);
+  SampleGeometry s = g;
+  auto axis = [n](int pos, int len, int size, int* spos, int* slen) {
+    int lo = static_cast<int>(std::lround(pos * n / 8.0)), hi = static_cast<int>(std::lround((pos + len) * n / 8.0));
+    lo = std::clamp(lo, 0, size - 1);
+    hi = std::clamp(hi, lo + 1, size);
+    *spos = lo;
+    *slen = hi - lo;
+  };
+  axis(g.crop_x, g.crop_w, *sw, &s.crop_x, &s.crop_w);
+  axis(g.crop_y, g.crop_h, *sh, &s.crop_y, &s.crop_h);
+  return s;
+}
+
 SampleTransform::SampleTransform(TransformConfig c) : c_(c) {
   for (int ch = 0; ch < 3; ++ch)
     for (int v = 0; v < 256; ++v) lut_[ch][v] = (v / 255.0f - c_.mean[ch]) / c_.std[ch];

@@ -24,6 +24,13 @@
 namespace nl {
 
 enum class ResizeMode { kSquash, kShorterCrop };
+// How a JPEG is decoded: exact (the crop's region at full scale: the pixels
+// of a full decode) or fast (that region scaled down in libjpeg's DCT domain
+// to the smallest N/8 that keeps the crop at least the resize's size, then
+// resized: not Pillow's bytes, ~2 levels off on average).
+enum class DecodeMode { kExact, kFast };
+Result<DecodeMode> ParseDecodeMode(const std::string& s);  // "exact" or "fast"
+const char* DecodeModeName(DecodeMode m);
 enum class Layout { kNCHW, kNHWC };
 Result<ResizeMode> ParseResizeMode(const std::string& s);
 Result<Layout> ParseLayout(const std::string& s);
@@ -37,6 +44,7 @@ struct TransformConfig {
   double rrc_scale[2] = {0.08, 1.0};
   double rrc_ratio[2] = {3.0 / 4.0, 4.0 / 3.0};
   bool flip = true;  // train: random horizontal flip
+  DecodeMode decode = DecodeMode::kExact;
   Layout layout = Layout::kNCHW;
   bool normalize = false;  // float32 (x/255 - mean) / std instead of uint8
   std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
@@ -81,6 +89,13 @@ class SampleTransform {
   // the image (empty, w or h 0, when only padding is read). What a region
   // decode is asked for.
   void SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw, int* rh);
+  // The scale (N of 8) a JPEG of this geometry is decoded at: 8 but with
+  // DecodeMode::kFast, where it is the smallest that keeps the crop at
+  // least the resize's size (8 where the crop is padded).
+  int DecodeScale(const SampleGeometry& g) const;
+  // Geometry g (of a w x h source) for that source decoded at n/8 (its
+  // size *sw x *sh): the crop scaled, the output unchanged.
+  static SampleGeometry Scaled(const SampleGeometry& g, int w, int h, int n, int* sw, int* sh);
   // As Apply, with the geometry given and from a view that holds at least
   // SourceRegion(g) of the image.
   void Apply(const SourceView& src, const SampleGeometry& g, uint8_t* out);

@@ -28,13 +28,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint8_t* t = data + size - 8;
     const nl::PixelRect r{uint32_t{t[0]} | uint32_t{t[1]} << 8, uint32_t{t[2]} | uint32_t{t[3]} << 8,
                           uint32_t{t[4]} | uint32_t{t[5]} << 8, uint32_t{t[6]} | uint32_t{t[7]} << 8};
+    // A DCT scale too (1..8 eighths), from the input's length; the pixel
+    // check is at full scale.
+    const int scale = size % 3 == 0 ? static_cast<int>(size / 3 % 8) + 1 : 8;
     nl::DecodedRegion part;
-    if (nl::DecodeJpegRegionInto(bytes, limits, r, &part).ok()) {
+    if (nl::DecodeJpegRegionInto(bytes, limits, r, &part, scale).ok()) {
       const nl::Image& p = part.image;
       if (p.pixels.size() != size_t{p.width} * p.height * 3) __builtin_trap();
       if (uint64_t{part.x} + p.width > part.full_width || uint64_t{part.y} + p.height > part.full_height)
         __builtin_trap();
-      if (s.ok()) {
+      if (part.scale_eighths != scale || part.full_width != (uint64_t{part.image_width} * scale + 7) / 8)
+        __builtin_trap();
+      if (s.ok() && scale == 8) {
         if (part.full_width != img.width || part.full_height != img.height) __builtin_trap();
         // The region, clipped (an empty or outside one: the whole image).
         const bool whole = r.w == 0 || r.h == 0 || r.x >= img.width || r.y >= img.height;

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# JPEG photographs, one core, every pipeline in one run: a folder of
+# ImageNet-sized JPEGs cut from the photographs python3-skimage and
+# python3-sklearn ship (bench/make_photo_folder.py), packed once, then
+#   torchvision (ImageFolder + PIL + the transform + PILToTensor),
+#   PIL with draft() (DCT scaling), OpenCV full decode + crop + resize
+#   (FFCV's method), the full-size decode alone (cv2.imdecode: the floor of
+#   every full-decode loader), and ours (loader_bench, one thread),
+# for the train transform (RandomResizedCrop 224 + flip) and the eval
+# transforms (Resize 256 + CenterCrop 224, Resize 224 + CenterCrop 224; ours
+# has the second only: its resize and crop share one size). Each process is
+# pinned to one core (taskset); the figures are images/s, the median of
+# --runs runs, the pipelines taking turns.
+#
+#   bench/jpeg_compare.sh [WORKDIR] [--images 2000] [--runs 3] [--measure 1000]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-build/jpeg-compare}
+images=2000
+runs=3
+measure=1000
+shift || true
+while [ $# -gt 0 ]; do
+  case $1 in
+    --images) images=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --measure) measure=$2; shift 2 ;;
+    *) echo "jpeg_compare.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+for v in "images=$images" "runs=$runs" "measure=$measure"; do
+  [[ ${v#*=} =~ ^[1-9][0-9]{0,8}$ ]] || { echo "jpeg_compare.sh: --${v%%=*} must be a whole number from 1, not '${v#*=}'" >&2; exit 2; }
+done
+PY=/usr/bin/python3
+B=build/bin
+for t in pack_tool loader_bench; do
+  [ -x "$B/$t" ] || { echo "jpeg_compare.sh: $B/$t is missing: build first (scripts/test.sh)" >&2; exit 2; }
+done
+if ! $PY -c "import skimage, sklearn, cv2, torchvision" 2>/dev/null; then
+  echo "jpeg_compare.sh: installing python3-skimage python3-sklearn python3-opencv python3-torchvision" >&2
+  apt-get install -y python3-skimage python3-sklearn python3-opencv python3-torchvision >/dev/null
+fi
+mkdir -p "$work"
+if [ ! -f "$work/photos.done" ] || [ "$(cat "$work/photos.done")" != "$images" ]; then
+  rm -rf "$work/photos" "$work/packed" "$work/photos.done"
+  $PY bench/make_photo_folder.py "$work/photos" --images "$images"
+  "$B/pack_tool" imagefolder "$work/photos" "$work/packed" >/dev/null
+  echo "$images" >"$work/photos.done"
+fi
+cat "$work"/packed/train/*/data.mdb >/dev/null
+find "$work/photos" -type f -exec cat {} + >/dev/null
+core=$(($(nproc) > 1 ? 1 : 0))
+pin() { taskset -c "$core" "$@"; }
+batches=$(((measure + 63) / 64))
+
+ours() {  # TRANSFORM -> images/s
+  local flags=(--resize shorter-crop)
+  [ "$1" = train ] && flags=(--augment --random-resized-crop)
+  pin "$B/loader_bench" --data "$work/packed" --ranks 1 --threads-per-rank 1 --bind off --image-size 224 \
+    "${flags[@]}" --epochs 1000 --max-batches "$batches" --json 2>"$work/err" |
+    $PY -c "import json,sys; print('%.0f' % json.loads(sys.stdin.read())['ranks'][0]['images_per_s'])" ||
+    { echo "error: $(tail -1 "$work/err")"; }
+}
+theirs() {  # PIPELINE TRANSFORM -> images/s
+  pin $PY bench/photo_pipelines.py --root "$work/photos" --pipeline "$1" --transform "$2" --images "$measure" \
+    2>"$work/err" | $PY -c "import json,sys; print('%.0f' % json.loads(sys.stdin.read())['images_per_s'])" ||
+    { echo "error: $(tail -1 "$work/err")"; }
+}
+
+rows=("train|torchvision" "train|pil-draft" "train|opencv" "train|decode-only" "train|ours"
+  "eval256|torchvision" "eval256|pil-draft" "eval256|opencv"
+  "eval|torchvision" "eval|pil-draft" "eval|opencv" "eval|ours")
+declare -A got
+for ((r = 1; r <= runs; r++)); do
+  for row in "${rows[@]}"; do
+    tf=${row%%|*} pl=${row#*|}
+    if [ "$pl" = ours ]; then v=$(ours "$tf"); else v=$(theirs "$pl" "$tf"); fi
+    got[$row]+="$v "
+  done
+done
+median() { tr ' ' '\n' | grep -E '^[0-9]+$' | sort -n | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]; else print "-"}'; }
+echo "photos: $images files, $(du -sm "$work/photos" | cut -f1) MB ($($PY -c "
+import glob; from PIL import Image
+s = [Image.open(f).size for f in glob.glob('$work/photos/*/*.jpg')]
+print('mean %dx%d' % (sum(w for w, _ in s) / len(s), sum(h for _, h in s) / len(s)))")); core $core; median of $runs runs"
+echo
+echo "| transform | pipeline | img/s (median) | runs |"
+echo "|---|---|---:|---|"
+declare -A med
+for row in "${rows[@]}"; do
+  med[$row]=$(echo "${got[$row]}" | median)
+  label=${row%%|*}
+  case $label in train) label="RandomResizedCrop 224 + flip" ;; eval256) label="Resize 256 + CenterCrop 224" ;; eval) label="Resize 224 + CenterCrop 224" ;; esac
+  echo "| $label | ${row#*|} | ${med[$row]} | ${got[$row]% } |"
+done
+echo
+$PY - "${med[train|ours]}" "${med[train|decode-only]}" "${med[train|torchvision]}" "${med[eval|ours]}" "${med[eval|torchvision]}" <<'PYEOF'
+import sys
+def f(x):
+    try: return float(x)
+    except ValueError: return float("nan")
+o, d, t, oe, te = map(f, sys.argv[1:])
+print("train, ours: %.2fx the full-size decode alone, %.2fx torchvision" % (o / d, o / t))
+print("eval (Resize 224 + CenterCrop 224), ours: %.2fx torchvision" % (oe / te))
+PYEOF
