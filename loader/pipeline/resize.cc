@@ -72,13 +72,16 @@ void MakeBilinearAxis(int in_size, int out_full, int out_begin, int out_count, R
   for (int b = 0; b < nblocks; ++b) {
     ResizeAxis::Block& blk = a->blocks[b];
     const int o0 = b * 16, o1 = std::min(out_count, o0 + 16);
+    const int mid = std::min(o1, o0 + 8);
     blk.base = a->first[o0];
-    for (int o = o0; o < o1; ++o) blk.base = std::min(blk.base, a->first[o]);
+    for (int o = o0; o < mid; ++o) blk.base = std::min(blk.base, a->first[o]);
+    blk.base_hi = mid < o1 ? a->first[mid] : blk.base;
+    for (int o = mid; o < o1; ++o) blk.base_hi = std::min(blk.base_hi, a->first[o]);
     blk.fits = true;
     for (int o = o0; o < o1; ++o) {
       blk.taps = std::max(blk.taps, a->count[o]);
       for (int t = 0; t < a->count[o]; ++t) {
-        const int rel = a->first[o] + t - blk.base;
+        const int rel = a->first[o] + t - (o < mid ? blk.base : blk.base_hi);
         if (rel > 15) {
           blk.fits = false;
           continue;
@@ -227,11 +230,15 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* src, ptrdiff_
       }
       const __m128i window =
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(padded.data() + blk.base));
+      const __m128i window_hi =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(padded.data() + blk.base_hi));
       __m256i lo = _mm256_set1_epi32(1 << (kResizePrecisionBits - 1)), hi = lo;
       for (int t = 0; t < blk.taps; ++t) {
         const size_t at = (static_cast<size_t>(b) * a.ksize + t) * 16;
         const __m128i idx = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&a.shuffle[at]));
-        const __m128i px = _mm_shuffle_epi8(window, idx);
+        // Lanes 0-7 from the first half's window, 8-15 from the second's.
+        const __m128i px =
+            _mm_blend_epi16(_mm_shuffle_epi8(window, idx), _mm_shuffle_epi8(window_hi, idx), 0xF0);
         const __m256i wlo =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a.block_weight[at]));
         const __m256i whi =

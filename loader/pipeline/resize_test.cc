@@ -101,6 +101,13 @@ TEST(Resize, SimdAndScalarIdenticalOnManySizes) {
     ASSERT_EQ(Ours(src, w, h, ow, oh, Isa::kScalar), Ours(src, w, h, ow, oh, Isa::kAvx2))
         << w << "x" << h << " -> " << ow << "x" << oh;
   }
+  // RandomResizedCrop's common case: shrinking by 1..2x on wide rows, where
+  // each half block of 8 outputs reads its own 16-byte window.
+  for (const auto& [w, ow] : {std::pair{300, 224}, std::pair{381, 224}, std::pair{440, 224}, std::pair{225, 224},
+                              std::pair{250, 160}, std::pair{449, 256}}) {
+    std::vector<uint8_t> src = Noise(static_cast<size_t>(w) * 5, static_cast<uint32_t>(w));
+    ASSERT_EQ(Ours(src, w, 5, ow, 5, Isa::kScalar), Ours(src, w, 5, ow, 5, Isa::kAvx2)) << w << " -> " << ow;
+  }
 }
 
 TEST(Resize, CropWindowEqualsCropOfFullResize) {
