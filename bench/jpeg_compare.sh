@@ -41,6 +41,9 @@ if ! $PY -c "import skimage, sklearn, cv2, torchvision" 2>/dev/null; then
   apt-get install -y python3-skimage python3-sklearn python3-opencv python3-torchvision >/dev/null
 fi
 mkdir -p "$work"
+# Two runs on one work folder would remake and pack the set under each other.
+exec 9>"$work/.lock"
+flock -n 9 || { echo "jpeg_compare.sh: another run is using $work; wait for it or give another folder" >&2; exit 2; }
 if [ ! -f "$work/photos.done" ] || [ "$(cat "$work/photos.done")" != "$images" ]; then
   rm -rf "$work/photos" "$work/packed" "$work/photos.done"
   $PY bench/make_photo_folder.py "$work/photos" --images "$images"

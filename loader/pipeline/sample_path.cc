@@ -38,7 +38,8 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
   SourceView view{rec.payload.data(), w, h, 0, 0, w, h};
   if (rec.header.encoding != Encoding::kRaw) {
     // --decode fast: a JPEG decoded at n/8 (its geometry scaled to match).
-    const int n = rec.header.encoding == Encoding::kJpeg ? transform_.DecodeScale(g) : 8;
+    // The decoders go by the payload's bytes, and so does the scale.
+    const int n = DetectImageFormat(rec.payload) == ImageFormat::kJpeg ? transform_.DecodeScale(g) : 8;
     int sw = w, sh = h;
     if (n < 8) g = SampleTransform::Scaled(g, w, h, n, &sw, &sh);
     int x, y, rw, rh;
@@ -49,14 +50,8 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
     if (st.ok()) st = CheckDecodedShape(rec.header, decoded_.image_width, decoded_.image_height);
     const DecodedRegion& d = decoded_;
     if (st.ok() && (d.scale_eighths != n || d.full_width != static_cast<uint32_t>(sw) ||
-                    d.full_height != static_cast<uint32_t>(sh))) {
-      // A PNG in a JPEG record decodes at full scale: its sample is refused
-      // rather than cropped with the scaled geometry.
-      st = Status::Corruption("the record says JPEG but its payload decodes as " +
-                              std::string(ImageFormatName(DetectImageFormat(rec.payload))));
-    }
-    if (st.ok() && (d.x > region.x || d.y > region.y || d.x + d.image.width < region.x + region.w ||
-                    d.y + d.image.height < region.y + region.h)) {
+                    d.full_height != static_cast<uint32_t>(sh) || d.x > region.x || d.y > region.y ||
+                    d.x + d.image.width < region.x + region.w || d.y + d.image.height < region.y + region.h)) {
       st = Status::Internal("the region decode does not hold the crop");  // never: DecodeImageRegionInto's contract
     }
     if (!st.ok()) return st.WithContext(reader_->Where(index));

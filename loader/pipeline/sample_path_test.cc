@@ -182,6 +182,38 @@ TEST(SamplePath, FastDecodeScalesInTheDctDomainAndStaysNearExact) {
   EXPECT_LT(diff / static_cast<double>(n), 2.0) << "mean |fast - exact| in levels";
 }
 
+// The scale follows the payload's bytes, not the record's encoding field: a
+// PNG stored under a JPEG header (a crafted or mislabelled record; the
+// decoders find the format from the bytes) loads with --decode fast as with
+// exact, at full scale, instead of being refused for one mode only.
+TEST(SamplePath, FastDecodeOfAPngUnderAJpegHeaderLoadsAsExact) {
+  testing::ScratchDir d;
+  const Image img = testing::PatternImage(400, 300, 4);
+  RecordHeader h;
+  h.encoding = Encoding::kJpeg;
+  h.width = img.width;
+  h.height = img.height;
+  testing::TestShardSetSpec spec;
+  spec.encoding = "jpeg";
+  testing::WriteShardSetForTest(d / "set", {testing::CraftRecord(h, *EncodePng(img))}, spec);
+  Opened o = Open(d / "set");
+  TransformConfig exact;
+  exact.image_size = 32;
+  exact.train = true;
+  exact.random_resized_crop = true;
+  TransformConfig fast = exact;
+  fast.decode = DecodeMode::kFast;
+  SamplePath fast_path(*o.reader, fast, DecodeLimits{}), exact_path(*o.reader, exact, DecodeLimits{});
+  std::vector<uint8_t> a(fast_path.sample_bytes()), b(a.size());
+  for (uint64_t epoch = 0; epoch < 4; ++epoch) {
+    int64_t label;
+    const Status st = fast_path.Load(epoch, 0, a.data(), &label);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(exact_path.Load(epoch, 0, b.data(), &label).ok());
+    EXPECT_EQ(a, b) << "epoch " << epoch;
+  }
+}
+
 TEST(SamplePath, RecordsReadWithPreadGiveTheSameSampleAsThroughTheMap) {
   testing::ScratchDir d;
   Opened o = Open(LyingSet(d));
