@@ -52,6 +52,7 @@ Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
   NL_ASSIGN_OR_RETURN(Topology topo,
                       live ? Topology::Live() : Topology::FromXmlFile(rq.topology_file));
   JobPlan job{std::move(topo), {}, {}, {}, {}};
+  job.notes = job.topology.notes();
   GpuOrderInputs in;
   in.cuda_visible_devices = rq.cuda_visible_devices;
   if (live) in.cuda_bus_ids = QueryCudaBusIds(&job.gpu_note);

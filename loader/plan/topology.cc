@@ -1,12 +1,21 @@
 #include "loader/plan/topology.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+
+#include "base/fd.h"
 
 namespace nl {
 
@@ -25,16 +34,146 @@ HwlocBitmap ToBitmap(const CpuList& cpus) {
 
 namespace {
 
-HwlocTopology NewTopology() {
+HwlocTopology NewTopology(bool with_io = true, unsigned long flags = 0) {
   hwloc_topology_t t = nullptr;
   if (hwloc_topology_init(&t) != 0) return nullptr;
   HwlocTopology topo(t);
   // GPUs are PCI devices: ask for I/O discovery (bridges and important devices).
-  hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  hwloc_topology_set_io_types_filter(
+      t, with_io ? HWLOC_TYPE_FILTER_KEEP_IMPORTANT : HWLOC_TYPE_FILTER_KEEP_NONE);
   // Keep disallowed PUs so the map shows the whole machine; the allowed set
   // is tracked separately.
-  hwloc_topology_set_flags(t, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED);
+  hwloc_topology_set_flags(t, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED | flags);
   return topo;
+}
+
+// Writes all of [p, p + n) to fd (in the discovery child: no allocation).
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// The discovery child: loads the topology hwloc was set up with (plugins
+// loaded before the fork) and writes it to out_fd as XML; exits 0 when done.
+[[noreturn]] void DiscoveryChild(hwloc_topology_t t, int out_fd, int err_fd, pid_t parent,
+                                 int attempt, const LiveDiscovery& how) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(125);
+  dup2(err_fd, 2);
+  if (how.in_child) how.in_child(attempt);
+  if (hwloc_topology_load(t) != 0) {
+    dprintf(2, "hwloc_topology_load failed: %s\n", strerror(errno));
+    _exit(2);
+  }
+  char* xml = nullptr;
+  int len = 0;
+  if (hwloc_topology_export_xmlbuffer(t, &xml, &len, 0) != 0 || len <= 0) {
+    dprintf(2, "hwloc_topology_export_xmlbuffer failed: %s\n", strerror(errno));
+    _exit(3);
+  }
+  _exit(WriteAll(out_fd, xml, static_cast<size_t>(len)) ? 0 : 4);
+}
+
+// Reads the child's XML (out) and messages (err) until both close or the
+// deadline passes; false on the deadline.
+bool ReadUntilClosed(int out, int err, double timeout_s, std::string* xml, std::string* msg) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+  std::string* into[2] = {xml, msg};
+  int open = 2;
+  char buf[65536];
+  while (open > 0) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    const int r = poll(fds, 2, static_cast<int>(left * 1000) + 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return false;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n > 0 && into[i]->size() < (size_t{256} << 20)) {
+        into[i]->append(buf, static_cast<size_t>(n));
+      } else if (n <= 0) {
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  return true;
+}
+
+// How the discovery child ended, with the end of what it printed.
+std::string DescribeChildEnd(int status, bool timed_out, double timeout_s, std::string msg) {
+  std::string what;
+  if (timed_out) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", timeout_s);
+    what = std::string("did not finish in ") + secs + " s (killed)";
+  } else if (WIFSIGNALED(status)) {
+    const char* name = strsignal(WTERMSIG(status));
+    what = "died of signal " + std::to_string(WTERMSIG(status)) + " (" + (name ? name : "?") + ")";
+  } else {
+    what = "exited with status " + std::to_string(WEXITSTATUS(status));
+  }
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '\r')) msg.pop_back();
+  if (msg.size() > 600) msg = "..." + msg.substr(msg.size() - 600);
+  for (char& c : msg)
+    if (c == '\n') c = ' ';
+  return what + (msg.empty() ? "" : ", printing: " + msg);
+}
+
+// One attempt at discovering this machine: hwloc runs in a child process and
+// hands the topology back as XML.
+Result<std::string> DiscoverInChild(bool with_io, int attempt, const LiveDiscovery& how) {
+  HwlocTopology t = NewTopology(with_io);
+  if (!t) return Status::Internal("hwloc_topology_init failed");
+  // Only what the map needs: Linux's sysfs for cores and NUMA nodes, PCI for
+  // GPUs. Not the x86 CPUID backend (it binds to each core in turn and only
+  // adds caches), nor the OpenCL and OpenGL device plugins.
+  for (const char* c : {"x86", "opencl", "gl"})
+    hwloc_topology_set_components(t.get(), HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, c);
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno("cannot make a pipe", errno);
+  Fd out_r(out[0]), out_w(out[1]);
+  if (pipe2(err, O_CLOEXEC) != 0) return Status::FromErrno("cannot make a pipe", errno);
+  Fd err_r(err[0]), err_w(err[1]);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return Status::FromErrno("cannot fork to discover this machine", errno);
+  if (pid == 0) DiscoveryChild(t.get(), out_w.get(), err_w.get(), parent, attempt, how);
+  out_w.Reset();
+  err_w.Reset();
+  std::string xml, msg;
+  const bool done = ReadUntilClosed(out_r.get(), err_r.get(), how.timeout_s, &xml, &msg);
+  if (!done) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (done && WIFEXITED(status) && WEXITSTATUS(status) == 0 && !xml.empty()) return xml;
+  return Status::Unavailable("hwloc's discovery of this machine" +
+                             std::string(with_io ? "" : " without PCI devices") + " " +
+                             DescribeChildEnd(status, !done, how.timeout_s, msg));
+}
+
+// This machine's topology from the XML a discovery child wrote: the binding
+// calls act on this machine (IS_THISSYSTEM).
+Result<HwlocTopology> LoadLiveXml(const std::string& xml, bool with_io) {
+  HwlocTopology t = NewTopology(with_io, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM);
+  if (!t) return Status::Internal("hwloc_topology_init failed");
+  if (hwloc_topology_set_xmlbuffer(t.get(), xml.data(), static_cast<int>(xml.size())) != 0 ||
+      hwloc_topology_load(t.get()) != 0) {
+    return Status::Internal("hwloc could not read back the topology its discovery wrote (" +
+                            std::to_string(xml.size()) + " bytes of XML)");
+  }
+  return t;
 }
 
 std::string BusId(const hwloc_obj_t pci) {
@@ -46,13 +185,27 @@ std::string BusId(const hwloc_obj_t pci) {
 
 }  // namespace
 
-Result<Topology> Topology::Live() {
-  HwlocTopology t = NewTopology();
-  if (!t) return Status::Internal("hwloc_topology_init failed");
-  if (hwloc_topology_load(t.get()) != 0) {
-    return Status::FromErrno("hwloc could not load this machine's topology", errno);
+Result<Topology> Topology::Live(const LiveDiscovery& how) {
+  bool with_io = true;
+  std::string note;
+  Result<std::string> xml = DiscoverInChild(true, 0, how);
+  if (!xml.ok()) {
+    const std::string first = xml.status().message();
+    with_io = false;
+    xml = DiscoverInChild(false, 1, how);
+    if (!xml.ok()) {
+      return Status::Unavailable("cannot read this machine's topology: " + first + "; " +
+                                 xml.status().message() +
+                                 " (give its map with --topology FILE, written by `lstopo --of "
+                                 "xml FILE`)");
+    }
+    note = first + "; its map was read without PCI devices, so no GPU is placed on its NUMA "
+                   "node by its PCI bus";
   }
-  return Load(std::move(t), "this machine", true);
+  NL_ASSIGN_OR_RETURN(HwlocTopology t, LoadLiveXml(*xml, with_io));
+  NL_ASSIGN_OR_RETURN(Topology topo, Load(std::move(t), "this machine", true));
+  if (!note.empty()) topo.notes_.push_back(std::move(note));
+  return topo;
 }
 
 Result<Topology> Topology::FromXmlFile(const std::string& path) {

@@ -42,16 +42,34 @@ struct HwlocTopologyDeleter {
 };
 using HwlocTopology = std::unique_ptr<hwloc_topology, HwlocTopologyDeleter>;
 
+// How Topology::Live discovers this machine.
+struct LiveDiscovery {
+  // A discovery that has not finished in this long is killed (and tried again
+  // without PCI devices).
+  double timeout_s = 60;
+  // Tests only: called first in the discovery child, with the attempt (0:
+  // with PCI devices, 1: without), to make a discovery crash or stall.
+  void (*in_child)(int attempt) = nullptr;
+};
+
 class Topology {
  public:
   // This machine. Allowed cores: hwloc's allowed set (cgroup cpuset)
   // intersected with this process's current affinity (taskset).
-  static Result<Topology> Live();
+  // hwloc discovers the machine in a child process and hands it back as XML:
+  // its PCI discovery leaks, and an assertion in it (or a library it loads)
+  // must cost a retry, not this process. When the
+  // discovery with PCI devices fails, one without them is tried, and notes()
+  // says so (no GPU is then placed on its NUMA node by hwloc); when both
+  // fail, the error names how each ended and what hwloc printed.
+  static Result<Topology> Live(const LiveDiscovery& how = {});
   // An hwloc XML file (`lstopo --of xml`). Allowed cores: the file's
   // allowed_cpuset.
   static Result<Topology> FromXmlFile(const std::string& path);
 
   const std::string& source() const { return source_; }  // "this machine" or the file
+  // What a live discovery had to leave out, and why (empty when nothing).
+  const std::vector<std::string>& notes() const { return notes_; }
   bool is_this_system() const { return this_system_; }
   const std::vector<NumaNode>& numa_nodes() const { return nodes_; }
   const NumaNode* FindNode(int os_index) const;
@@ -69,6 +87,7 @@ class Topology {
   std::vector<NumaNode> nodes_;
   CpuList allowed_;
   std::vector<Gpu> gpus_;
+  std::vector<std::string> notes_;
 };
 
 // Converts between hwloc bitmaps and CpuLists.

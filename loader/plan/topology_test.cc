@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include "tests/support/test_topologies.h"
 
@@ -53,6 +57,63 @@ TEST(Topology, LiveMachine) {
   ASSERT_EQ(sched_getaffinity(0, sizeof mask, &mask), 0);
   for (int c : t->allowed_pus()) EXPECT_TRUE(CPU_ISSET(c, &mask)) << c;
   EXPECT_EQ(static_cast<int>(t->allowed_pus().size()), CPU_COUNT(&mask));
+}
+
+// The discovery runs in a child: its crash or stall costs a retry without
+// PCI devices, then a clear error, never this process.
+void AbortWithPci(int attempt) {
+  if (attempt == 0) {
+    dprintf(2, "topology-x86.c:123: hwloc_x86_discover: Assertion `x' failed.\n");
+    std::abort();
+  }
+}
+void AbortAlways(int) { std::abort(); }
+void Stall(int) { ::pause(); }
+
+TEST(Topology, ADiscoveryThatAbortsWithPciDevicesIsTriedAgainWithoutThem) {
+  LiveDiscovery how;
+  how.in_child = AbortWithPci;
+  Result<Topology> t = Topology::Live(how);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_TRUE(t->is_this_system());
+  ASSERT_GE(t->numa_nodes().size(), 1u);
+  EXPECT_FALSE(t->allowed_pus().empty());
+  ASSERT_EQ(t->notes().size(), 1u);
+  const std::string& n = t->notes()[0];
+  EXPECT_NE(n.find("hwloc's discovery of this machine died of signal 6 (Aborted), printing: "
+                   "topology-x86.c:123: hwloc_x86_discover: Assertion `x' failed."),
+            std::string::npos)
+      << n;
+  EXPECT_NE(n.find("read without PCI devices, so no GPU is placed"), std::string::npos) << n;
+  // The map is this machine's all the same: the kernel's view of the cores.
+  Result<Topology> full = Topology::Live();
+  ASSERT_TRUE(full.ok());
+  EXPECT_TRUE(full->notes().empty());
+  EXPECT_EQ(t->allowed_pus(), full->allowed_pus());
+  EXPECT_EQ(t->numa_nodes().size(), full->numa_nodes().size());
+}
+
+TEST(Topology, ADiscoveryThatAlwaysAbortsIsAnErrorNamingBothEnds) {
+  LiveDiscovery how;
+  how.in_child = AbortAlways;
+  Status s = Topology::Live(how).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "cannot read this machine's topology: hwloc's discovery of this machine died of "
+            "signal 6 (Aborted); hwloc's discovery of this machine without PCI devices died of "
+            "signal 6 (Aborted) (give its map with --topology FILE, written by `lstopo --of xml "
+            "FILE`)");
+}
+
+TEST(Topology, ADiscoveryThatStallsIsKilledAtItsDeadline) {
+  LiveDiscovery how;
+  how.in_child = Stall;
+  how.timeout_s = 0.3;
+  Status s = Topology::Live(how).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("hwloc's discovery of this machine did not finish in 0.3 s (killed)"),
+            std::string::npos)
+      << s.ToString();
 }
 
 TEST(Topology, BadFile) {
