@@ -56,9 +56,10 @@ core=$(($(nproc) > 1 ? 1 : 0))
 pin() { taskset -c "$core" "$@"; }
 batches=$(((measure + 63) / 64))
 
-ours() {  # TRANSFORM -> images/s
+ours() {  # TRANSFORM [DECODE] -> images/s (DECODE: the transform's default, or exact)
   local flags=(--resize shorter-crop)
   [ "$1" = train ] && flags=(--augment --random-resized-crop)
+  [ -n "${2:-}" ] && flags+=(--decode "$2")
   pin "$B/loader_bench" --data "$work/packed" --ranks 1 --threads-per-rank 1 --bind off --image-size 224 \
     "${flags[@]}" --epochs 1000 --max-batches "$batches" --json 2>"$work/err" |
     $PY -c "import json,sys; print('%.0f' % json.loads(sys.stdin.read())['ranks'][0]['images_per_s'])" ||
@@ -70,14 +71,18 @@ theirs() {  # PIPELINE TRANSFORM -> images/s
     { echo "error: $(tail -1 "$work/err")"; }
 }
 
-rows=("train|torchvision" "train|pil-draft" "train|opencv" "train|decode-only" "train|ours"
+rows=("train|torchvision" "train|pil-draft" "train|opencv" "train|decode-only" "train|ours" "train|ours-exact"
   "eval256|torchvision" "eval256|pil-draft" "eval256|opencv"
   "eval|torchvision" "eval|pil-draft" "eval|opencv" "eval|ours")
 declare -A got
 for ((r = 1; r <= runs; r++)); do
   for row in "${rows[@]}"; do
     tf=${row%%|*} pl=${row#*|}
-    if [ "$pl" = ours ]; then v=$(ours "$tf"); else v=$(theirs "$pl" "$tf"); fi
+    case $pl in
+      ours) v=$(ours "$tf") ;;
+      ours-exact) v=$(ours "$tf" exact) ;;
+      *) v=$(theirs "$pl" "$tf") ;;
+    esac
     got[$row]+="$v "
   done
 done
@@ -97,12 +102,37 @@ for row in "${rows[@]}"; do
   echo "| $label | ${row#*|} | ${med[$row]} | ${got[$row]% } |"
 done
 echo
-$PY - "${med[train|ours]}" "${med[train|decode-only]}" "${med[train|torchvision]}" "${med[eval|ours]}" "${med[eval|torchvision]}" <<'PYEOF'
+$PY - "${med[train|ours]}" "${med[train|decode-only]}" "${med[train|torchvision]}" "${med[eval|ours]}" "${med[eval|torchvision]}" "${med[train|ours-exact]}" <<'PYEOF'
 import sys
 def f(x):
     try: return float(x)
     except ValueError: return float("nan")
-o, d, t, oe, te = map(f, sys.argv[1:])
-print("train, ours: %.2fx the full-size decode alone, %.2fx torchvision" % (o / d, o / t))
+o, d, t, oe, te, ox = map(f, sys.argv[1:])
+print("train, ours (--decode fast, the default): %.2fx the full-size decode alone, %.2fx torchvision" % (o / d, o / t))
+print("train, ours --decode exact: %.2fx the full-size decode alone, %.2fx torchvision" % (ox / d, ox / t))
 print("eval (Resize 224 + CenterCrop 224), ours: %.2fx torchvision" % (oe / te))
 PYEOF
+# How far fast is from exact: the train transform's first 200 samples of
+# epoch 0, `loader preview` both ways.
+L=build/bin/loader
+if [ -x "$L" ]; then
+  rm -rf "$work/preview-fast" "$work/preview-exact"
+  idx=$(seq -s, 0 199)
+  for m in fast exact; do
+    "$L" preview --data "$work/packed" --indices "$idx" --image-size 224 --augment --random-resized-crop \
+      --decode "$m" --out "$work/preview-$m" >/dev/null
+  done
+  $PY - "$work/preview-fast" "$work/preview-exact" <<'PYEOF'
+import glob, os, sys
+import numpy as np
+from PIL import Image
+diffs, same, worst = [], 0, 0
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.png"))):
+    a = np.asarray(Image.open(f), dtype=np.int16)
+    b = np.asarray(Image.open(os.path.join(sys.argv[2], os.path.basename(f))), dtype=np.int16)
+    d = np.abs(a - b)
+    diffs.append(d.mean()); same += int(d.max() == 0); worst = max(worst, int(d.max()))
+print("--decode fast against exact, %d samples: mean |difference| %.2f levels (per sample: %.2f to %.2f), "
+      "%d identical, largest single difference %d" % (len(diffs), np.mean(diffs), min(diffs), max(diffs), same, worst))
+PYEOF
+fi

@@ -77,9 +77,10 @@ Status DecodeImageInto(std::span<const uint8_t> bytes, const DecodeLimits& limit
 }
 
 Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                             const PixelRect& region, DecodedRegion* out, int scale_eighths) {
+                             const PixelRect& region, DecodedRegion* out, int scale_eighths,
+                             bool approximate) {
   if (DetectImageFormat(bytes) == ImageFormat::kJpeg)
-    return DecodeJpegRegionInto(bytes, limits, region, out, scale_eighths);
+    return DecodeJpegRegionInto(bytes, limits, region, out, scale_eighths, approximate);
   NL_RETURN_IF_ERROR(DecodeImageInto(bytes, limits, &out->image));
   out->x = out->y = 0;
   out->full_width = out->image_width = out->image.width;

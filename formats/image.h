@@ -78,10 +78,16 @@ struct DecodedRegion {
 // region is in that scaled image's pixels; its pixels are the same region
 // of the full decode at that scale. Other formats decode at full scale
 // (out->scale_eighths says which). Errors as DecodeImageInto's.
+// `approximate` (--decode fast): a JPEG's chroma is upsampled by replication
+// (libjpeg's merged upsampling, not its "fancy" interpolation) and the
+// region gets no margin, so its pixels are close to, not equal to, the full
+// decode's; other formats are unaffected.
 Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                             const PixelRect& region, DecodedRegion* out, int scale_eighths = 8);
+                             const PixelRect& region, DecodedRegion* out, int scale_eighths = 8,
+                             bool approximate = false);
 Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                            const PixelRect& region, DecodedRegion* out, int scale_eighths = 8);
+                            const PixelRect& region, DecodedRegion* out, int scale_eighths = 8,
+                            bool approximate = false);
 
 // That a record's decoded payload has the size its header states: Corruption
 // "image decodes to WxH but the header says WxH" otherwise (the caller adds

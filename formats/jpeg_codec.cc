@@ -107,10 +107,10 @@ void InvertedCmykToRgb(const uint8_t* cmyk, size_t n, uint8_t* rgb) {
 }
 
 // The rows and columns to decode for `region` (null: all): the region
-// clipped to the image, widened by one iMCU on each side, where fancy
-// upsampling reads a chroma sample's neighbours; jpeg_crop_scanline then
-// widens the columns to whole iMCUs.
-PixelRect Widened(const jpeg_decompress_struct& c, const PixelRect* region) {
+// clipped to the image, widened by one iMCU on each side (with `margin`),
+// where fancy upsampling reads a chroma sample's neighbours;
+// jpeg_crop_scanline then widens the columns to whole iMCUs.
+PixelRect Widened(const jpeg_decompress_struct& c, const PixelRect* region, bool margin) {
   const uint32_t w = c.output_width, h = c.output_height;
   if (region == nullptr || region->w == 0 || region->h == 0 || region->x >= w || region->y >= h) {
     return {0, 0, w, h};
@@ -121,8 +121,8 @@ PixelRect Widened(const jpeg_decompress_struct& c, const PixelRect* region) {
 #else
   const uint64_t bw = static_cast<unsigned>(c.min_DCT_scaled_size), bh = bw;
 #endif
-  const uint64_t mx = bw * static_cast<unsigned>(c.max_h_samp_factor);
-  const uint64_t my = bh * static_cast<unsigned>(c.max_v_samp_factor);
+  const uint64_t mx = margin ? bw * static_cast<unsigned>(c.max_h_samp_factor) : 0;
+  const uint64_t my = margin ? bh * static_cast<unsigned>(c.max_v_samp_factor) : 0;
   const uint64_t x0 = region->x > mx ? region->x - mx : 0, y0 = region->y > my ? region->y - my : 0;
   const uint64_t x1 = std::min<uint64_t>(w, uint64_t{region->x} + region->w + mx);
   const uint64_t y1 = std::min<uint64_t>(h, uint64_t{region->y} + region->h + my);
@@ -176,7 +176,7 @@ void ReadPart(JpegDecoder* d, bool cmyk, PixelRect* part, Image* out) {
 // image) is what to decode at least, and `*where` what was.
 Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const DecodeLimits& limits,
                        Image* out, ImageInfo* info_only, const PixelRect* region, DecodedRegion* where,
-                       int scale_eighths) {
+                       int scale_eighths, bool approximate) {
   jpeg_decompress_struct& c = d->cinfo;
   jpeg_mem_src(&c, bytes.data(), static_cast<unsigned long>(bytes.size()));
   if (jpeg_read_header(&c, TRUE) != JPEG_HEADER_OK) {
@@ -205,6 +205,10 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
   c.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
   c.scale_num = static_cast<unsigned>(scale_eighths);
   c.scale_denom = 8;
+  // Approximate: chroma upsampled by replication, merged with the colour
+  // conversion (libjpeg-turbo's SIMD merged upsampler), so the region needs
+  // no margin.
+  if (approximate) c.do_fancy_upsampling = FALSE;
   jpeg_start_decompress(&c);
   const int comps = cmyk ? 4 : 3;
   const uint64_t sw = (uint64_t{w} * static_cast<unsigned>(scale_eighths) + 7) / 8;
@@ -214,7 +218,7 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
     return Status::Internal("libjpeg decodes to " + std::to_string(c.output_width) + "x" +
                             std::to_string(c.output_height) + "x" + std::to_string(c.output_components));
   }
-  PixelRect p = Widened(c, region);
+  PixelRect p = Widened(c, region, !approximate);
   ReadPart(d, cmyk, &p, out);
   if (where) {
     where->x = p.x;
@@ -229,7 +233,8 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
 }
 
 Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out, ImageInfo* info_only,
-               const PixelRect* region = nullptr, DecodedRegion* where = nullptr, int scale_eighths = 8) {
+               const PixelRect* region = nullptr, DecodedRegion* where = nullptr, int scale_eighths = 8,
+               bool approximate = false) {
   if (bytes.size() < 3 || bytes[0] != 0xFF || bytes[1] != 0xD8 || bytes[2] != 0xFF) {
     return Status::Corruption("not a JPEG file (it does not start with FF D8 FF)");
   }
@@ -238,7 +243,8 @@ Status RunJpeg(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image
     return Status::Corruption(std::string(d->header_done ? "corrupt JPEG: " : "corrupt JPEG: not a valid JPEG header: ") +
                               "libjpeg: " + d->err.message);
   }
-  NL_RETURN_IF_ERROR(DecodeUnderJump(d.get(), bytes, limits, out, info_only, region, where, scale_eighths));
+  NL_RETURN_IF_ERROR(
+      DecodeUnderJump(d.get(), bytes, limits, out, info_only, region, where, scale_eighths, approximate));
   if (d->err.truncated && !info_only) {
     return Status::Corruption("truncated JPEG: its data ends before the end marker (libjpeg: Premature end of JPEG file)");
   }
@@ -258,11 +264,12 @@ Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits
 }
 
 Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
-                            const PixelRect& region, DecodedRegion* out, int scale_eighths) {
+                            const PixelRect& region, DecodedRegion* out, int scale_eighths,
+                            bool approximate) {
   if (scale_eighths < 1 || scale_eighths > 8) {
     return Status::InvalidArgument("JPEG scale must be 1/8..8/8, not " + std::to_string(scale_eighths) + "/8");
   }
-  return RunJpeg(bytes, limits, &out->image, nullptr, &region, out, scale_eighths);
+  return RunJpeg(bytes, limits, &out->image, nullptr, &region, out, scale_eighths, approximate);
 }
 
 namespace {

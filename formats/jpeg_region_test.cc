@@ -80,9 +80,9 @@ std::vector<uint8_t> Picture(int w, int h, int comps, uint32_t seed) {
 // Every pixel of `region` (clipped to the image) in the region decode
 // equals the full decode's; the decoded part contains the region.
 void ExpectRegionExact(const std::vector<uint8_t>& jpg, const Image& full, PixelRect r,
-                       const std::string& what, int scale = 8) {
+                       const std::string& what, int scale = 8, bool approximate = false) {
   DecodedRegion got;
-  ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &got, scale).ok()) << what;
+  ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &got, scale, approximate).ok()) << what;
   ASSERT_EQ(got.scale_eighths, scale);
   ASSERT_EQ(got.full_width, full.width);
   ASSERT_EQ(got.full_height, full.height);
@@ -145,6 +145,30 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
         const uint32_t x = static_cast<uint32_t>(srng() % sw), y = static_cast<uint32_t>(srng() % sh);
         const PixelRect r{x, y, static_cast<uint32_t>(1 + srng() % (sw - x)), static_cast<uint32_t>(1 + srng() % (sh - y))};
         ExpectRegionExact(jpg, whole.image, r, k.name + " at " + std::to_string(scale) + "/8", scale);
+        if (testing::Test::HasFatalFailure()) return;
+      }
+    }
+    // Approximate (--decode fast: chroma by replication, no margin): a region
+    // is the same region of the approximate whole decode, and that is near
+    // the exact one (on this picture, whose chroma changes every few pixels,
+    // 8.7 levels on average at worst; on photographs well under 1, see
+    // bench/jpeg_compare.sh).
+    for (const int scale : {8, 4, 1}) {
+      DecodedRegion whole, exact;
+      ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &whole, scale, true).ok());
+      ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &exact, scale).ok());
+      ASSERT_EQ(whole.image.pixels.size(), exact.image.pixels.size());
+      double sum = 0;
+      for (size_t i = 0; i < exact.image.pixels.size(); ++i)
+        sum += std::abs(int{whole.image.pixels[i]} - int{exact.image.pixels[i]});
+      EXPECT_LT(sum / exact.image.pixels.size(), 10.0) << k.name << " at " << scale << "/8";
+      const uint32_t sw = whole.image.width, sh = whole.image.height;
+      std::mt19937 arng(scale + 100);
+      for (int i = 0; i < 30; ++i) {
+        const uint32_t x = static_cast<uint32_t>(arng() % sw), y = static_cast<uint32_t>(arng() % sh);
+        const PixelRect r{x, y, static_cast<uint32_t>(1 + arng() % (sw - x)), static_cast<uint32_t>(1 + arng() % (sh - y))};
+        ExpectRegionExact(jpg, whole.image, r, k.name + " approximate at " + std::to_string(scale) + "/8",
+                          scale, true);
         if (testing::Test::HasFatalFailure()) return;
       }
     }

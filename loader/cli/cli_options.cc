@@ -43,9 +43,9 @@ void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f, u
     app->add_flag("--no-flip", f->no_flip, "Train: no random horizontal flip");
     app->add_option("--decode", f->decode,
                     "JPEG decode: exact (only the crop's region, the pixels of a full decode), fast "
-                    "(that region scaled down in the DCT domain to the smallest N/8 that keeps the crop "
-                    "at least the output size; not bit-exact) or auto (fast for the train transform, "
-                    "exact for eval)")
+                    "(that region scaled down in the DCT domain by 1/2, 1/4 or 1/8 as far as the crop "
+                    "stays at least the output size, chroma by replication; not bit-exact) or auto "
+                    "(fast for the train transform, exact for eval)")
         ->capture_default_str();
   }
   if (sets & kTransformOutput) {

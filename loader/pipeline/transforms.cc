@@ -30,10 +30,16 @@ const char* DecodeModeName(DecodeMode m) { return m == DecodeMode::kFast ? "fast
 
 int SampleTransform::DecodeScale(const SampleGeometry& g) const {
   if (c_.decode != DecodeMode::kFast || g.pad != 0 || g.crop_w < 1 || g.crop_h < 1) return 8;
-  // The smallest n with crop * n / 8 >= full along both axes.
+  // The smallest n of 1, 2, 4, 8 with crop * n / 8 >= full along both axes.
+  // (Not 3, 5, 6 or 7: libjpeg-turbo's IDCTs for those scales, and for the
+  // chroma's 10x10 to 14x14 that go with them, are plain C, and on our photo
+  // set a full-scale SIMD decode and a longer resize were faster.)
   const int64_t nx = (int64_t{8} * g.full_w + g.crop_w - 1) / g.crop_w;
   const int64_t ny = (int64_t{8} * g.full_h + g.crop_h - 1) / g.crop_h;
-  return static_cast<int>(std::clamp<int64_t>(std::max(nx, ny), 1, 8));
+  const int64_t need = std::max(nx, ny);
+  int n = 1;
+  while (n < need && n < 8) n *= 2;
+  return n;
 }
 
 SampleGeometry SampleTransform::Scaled(const SampleGeometry& g, int w, int h, int n, int* sw, int* sh) {
@@ -150,14 +156,14 @@ void SampleTransform::SourceRegion(const SampleGeometry& g, int w, int h, int* x
   // Columns and rows of the crop (after its flip, for the columns) that the
   // resize to full_w x full_h reads for the window kept.
   int cx0, cx1, cy0, cy1;
-  MakeBilinearAxis(g.crop_w, g.full_w, g.out_x, s, &probe_);
+  MakeBilinearAxis(g.crop_w, g.full_w, g.out_x, s, &probe_, false);
   TapRange(probe_, &cx0, &cx1);
   if (g.flip) {
     const int lo = g.crop_w - cx1;
     cx1 = g.crop_w - cx0;
     cx0 = lo;
   }
-  MakeBilinearAxis(g.crop_h, g.full_h, g.out_y, s, &probe_);
+  MakeBilinearAxis(g.crop_h, g.full_h, g.out_y, s, &probe_, false);
   TapRange(probe_, &cy0, &cy1);
   const int x0 = std::clamp(g.crop_x - g.pad + cx0, 0, w), x1 = std::clamp(g.crop_x - g.pad + cx1, 0, w);
   const int y0 = std::clamp(g.crop_y - g.pad + cy0, 0, h), y1 = std::clamp(g.crop_y - g.pad + cy1, 0, h);
@@ -194,17 +200,14 @@ void SampleTransform::Apply(const SourceView& v, const SampleGeometry& g, uint8_
     const int x_hi = std::clamp(std::min(w, v.x0 + v.view_w) + g.pad - g.crop_x, x_lo, g.crop_w);
     const uint8_t* src =
         v.rgb + (static_cast<size_t>(sy - v.y0) * v.view_w + (g.crop_x + x_lo - g.pad - v.x0)) * 3;
-    for (int x = 0; x < g.crop_w; ++x) {
-      const int dx = g.flip ? g.crop_w - 1 - x : x;  // where crop column x lands
-      if (x < x_lo || x >= x_hi) {
-        p0[row + dx] = p1[row + dx] = p2[row + dx] = 0;
-        continue;
-      }
-      const uint8_t* px = src + static_cast<size_t>(x - x_lo) * 3;
-      p0[row + dx] = px[0];
-      p1[row + dx] = px[1];
-      p2[row + dx] = px[2];
+    // Crop columns [x_lo, x_hi) land at [x_lo, x_hi), or flipped at
+    // [crop_w - x_hi, crop_w - x_lo) in reverse; zeros on either side.
+    const int d_lo = g.flip ? g.crop_w - x_hi : x_lo, d_hi = g.flip ? g.crop_w - x_lo : x_hi;
+    for (uint8_t* p : {p0, p1, p2}) {
+      std::memset(p + row, 0, d_lo);
+      std::memset(p + row + d_hi, 0, g.crop_w - d_hi);
     }
+    SplitRgb(src, x_hi - x_lo, g.flip, p0 + row + d_lo, p1 + row + d_lo, p2 + row + d_lo, c_.isa);
   }
   const size_t out_plane = static_cast<size_t>(s) * s;
   const bool direct = c_.layout == Layout::kNCHW && !c_.normalize;

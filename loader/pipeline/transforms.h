@@ -19,15 +19,16 @@
 #include <vector>
 
 #include "base/status.h"
-#include "loader/pipeline/resize.h"
+#include "formats/resize.h"
 
 namespace nl {
 
 enum class ResizeMode { kSquash, kShorterCrop };
 // How a JPEG is decoded: exact (the crop's region at full scale: the pixels
 // of a full decode) or fast (that region scaled down in libjpeg's DCT domain
-// to the smallest N/8 that keeps the crop at least the resize's size, then
-// resized: not Pillow's bytes, ~2 levels off on average).
+// by 1/2, 1/4 or 1/8 as far as the crop stays at least the resize's size,
+// its chroma upsampled by replication, then resized: not Pillow's bytes,
+// under a level off on average on photographs).
 enum class DecodeMode { kExact, kFast };
 Result<DecodeMode> ParseDecodeMode(const std::string& s);  // "exact" or "fast"
 const char* DecodeModeName(DecodeMode m);

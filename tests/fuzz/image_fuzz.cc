@@ -55,6 +55,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 __builtin_trap();
       }
     }
+    // --decode fast's approximate decode (merged upsampling, no margin): the
+    // same shape contract, at the same scale.
+    nl::DecodedRegion approx;
+    if (nl::DecodeJpegRegionInto(bytes, limits, r, &approx, scale, true).ok()) {
+      const nl::Image& p = approx.image;
+      if (p.pixels.size() != size_t{p.width} * p.height * 3) __builtin_trap();
+      if (uint64_t{approx.x} + p.width > approx.full_width || uint64_t{approx.y} + p.height > approx.full_height)
+        __builtin_trap();
+      if (approx.scale_eighths != scale || approx.full_width != (uint64_t{approx.image_width} * scale + 7) / 8)
+        __builtin_trap();
+    }
   }
 #endif
   return 0;

@@ -1,4 +1,4 @@
-#include "loader/pipeline/resize.h"
+#include "formats/resize.h"
 
 #include <gtest/gtest.h>
 
@@ -103,10 +103,83 @@ TEST(Resize, SimdAndScalarIdenticalOnManySizes) {
   }
   // RandomResizedCrop's common case: shrinking by 1..2x on wide rows, where
   // each half block of 8 outputs reads its own 16-byte window.
+  // Past ~1.7x, groups of 4 outputs read their own windows (up to ~2.7x);
+  // past that, the scalar loop.
   for (const auto& [w, ow] : {std::pair{300, 224}, std::pair{381, 224}, std::pair{440, 224}, std::pair{225, 224},
-                              std::pair{250, 160}, std::pair{449, 256}}) {
+                              std::pair{250, 160}, std::pair{449, 256}, std::pair{420, 224}, std::pair{500, 224},
+                              std::pair{600, 224}, std::pair{640, 224}, std::pair{900, 224}, std::pair{333, 101}}) {
     std::vector<uint8_t> src = Noise(static_cast<size_t>(w) * 5, static_cast<uint32_t>(w));
     ASSERT_EQ(Ours(src, w, 5, ow, 5, Isa::kScalar), Ours(src, w, 5, ow, 5, Isa::kAvx2)) << w << " -> " << ow;
+    ResizeAxis axis;
+    MakeBilinearAxis(w, ow, 0, ow, &axis);
+    int groups4 = 0, scalar = 0;
+    for (const ResizeAxis::Block& b : axis.blocks) {
+      groups4 += b.fits && b.group == 4;
+      scalar += !b.fits;
+    }
+    const double shrink = static_cast<double>(w) / ow;
+    if (shrink > 1.8 && shrink < 2.6) {
+      EXPECT_GT(groups4, 0) << w << " -> " << ow;
+    }
+    if (shrink < 2.6) {
+      EXPECT_EQ(scalar, 0) << w << " -> " << ow;
+    }
+  }
+}
+
+TEST(SplitRgb, PlanesAndTheirMirrorOnEveryLengthBothPathsAlike) {
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (BestIsa() == Isa::kAvx2) isas.push_back(Isa::kAvx2);
+  for (int n = 0; n <= 70; ++n) {
+    const std::vector<uint8_t> rgb = Noise(static_cast<size_t>(n) * 3, static_cast<uint32_t>(n + 1));
+    for (bool reverse : {false, true}) {
+      for (Isa isa : isas) {
+        // A guard byte on each side: nothing is written outside the planes.
+        std::vector<uint8_t> d[3];
+        for (auto& p : d) p.assign(n + 2, 0xA5);
+        SplitRgb(rgb.data(), n, reverse, d[0].data() + 1, d[1].data() + 1, d[2].data() + 1, isa);
+        for (int c = 0; c < 3; ++c) {
+          ASSERT_EQ(d[c].front(), 0xA5) << n;
+          ASSERT_EQ(d[c].back(), 0xA5) << n;
+          for (int j = 0; j < n; ++j) {
+            const int from = reverse ? n - 1 - j : j;
+            ASSERT_EQ(d[c][j + 1], rgb[from * 3 + c])
+                << "n=" << n << " reverse=" << reverse << " isa=" << static_cast<int>(isa) << " c=" << c << " j=" << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MaxSideSize, LongerSideToNTheOtherRoundedHalvesUp) {
+  using P = std::pair<uint32_t, uint32_t>;
+  EXPECT_EQ(MaxSideSize(640, 480, 0), (P{640, 480}));    // no limit
+  EXPECT_EQ(MaxSideSize(640, 480, 640), (P{640, 480}));  // not over it
+  EXPECT_EQ(MaxSideSize(640, 480, 256), (P{256, 192}));
+  EXPECT_EQ(MaxSideSize(480, 640, 256), (P{192, 256}));
+  EXPECT_EQ(MaxSideSize(23, 17, 12), (P{12, 9}));        // 8.87 -> 9
+  EXPECT_EQ(MaxSideSize(4, 2, 3), (P{3, 2}));            // 1.5 -> 2 (half up)
+  EXPECT_EQ(MaxSideSize(10000, 1, 100), (P{100, 1}));    // never 0
+  EXPECT_EQ(MaxSideSize(1u << 20, 1u << 20, 1), (P{1, 1}));
+}
+
+// The whole-image resize is Pillow's per channel: each plane of it equals
+// the plane resized alone.
+TEST(ResizeImage, EachChannelIsThePlaneResizedAlone) {
+  Image src;
+  src.width = 37;
+  src.height = 23;
+  src.pixels = Noise(size_t{37} * 23 * 3, 4);
+  Image out;
+  ResizeImage(src, 15, 9, &out);
+  ASSERT_EQ(out.width, 15u);
+  ASSERT_EQ(out.height, 9u);
+  for (int c = 0; c < 3; ++c) {
+    std::vector<uint8_t> plane(37 * 23);
+    for (size_t i = 0; i < plane.size(); ++i) plane[i] = src.pixels[i * 3 + c];
+    const std::vector<uint8_t> want = Ours(plane, 37, 23, 15, 9, Isa::kScalar);
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(out.pixels[i * 3 + c], want[i]) << c << " " << i;
   }
 }
 

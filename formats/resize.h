@@ -15,7 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
+
+#include "formats/image.h"
 
 namespace nl {
 
@@ -35,20 +38,25 @@ struct ResizeAxis {
   std::vector<int32_t> weight;  // out_count * ksize fixed-point weights
   bool identity() const { return in_size == out_full && out_begin == 0 && out_count == out_full; }
 
-  // For the AVX2 horizontal pass: outputs in blocks of 16, each half (8
-  // outputs) reading a 16-byte window of its row (at `base`, `base_hi`)
-  // through a byte shuffle per tap: shrinking by up to ~1.7x fits.
+  // For the AVX2 horizontal pass: outputs in blocks of 16, each group of
+  // `group` outputs (8, or 4 where 8 do not fit) reading a 16-byte window of
+  // its row (at base[k] for group k) through a byte shuffle per tap:
+  // shrinking by up to ~1.7x fits in groups of 8, up to ~2.7x in groups of 4.
   struct Block {
-    int base = 0, base_hi = 0;
+    int base[4] = {0, 0, 0, 0};
+    int group = 8;
     int taps = 0;
-    bool fits = false;  // every tap of every output lies inside its half's window
+    bool fits = false;  // every tap of every output lies inside its group's window
   };
   std::vector<Block> blocks;
   std::vector<uint8_t> shuffle;       // blocks * ksize * 16 byte indices
   std::vector<int32_t> block_weight;  // blocks * ksize * 16 weights (0 for unused lanes)
 };
-// Fills *axis (reusing its storage).
-void MakeBilinearAxis(int in_size, int out_full, int out_begin, int out_count, ResizeAxis* axis);
+// Fills *axis (reusing its storage); without `simd_tables`, only the taps
+// and weights (blocks, shuffle and block_weight left empty: for asking
+// which inputs an axis reads, not for resizing).
+void MakeBilinearAxis(int in_size, int out_full, int out_begin, int out_count, ResizeAxis* axis,
+                      bool simd_tables = true);
 
 // Resamples along columns within each row: dst[r][o] = sum over taps t of
 // weight * src[r][first[o] + t], for `rows` rows.
@@ -60,6 +68,13 @@ void HorizontalPass(const uint8_t* src, ptrdiff_t src_stride, int rows, const Re
 // `src_row0` (the rows before it are not needed by the axis).
 void ResamplePass(const uint8_t* src, ptrdiff_t src_stride, int src_row0, int width,
                   const ResizeAxis& axis, uint8_t* dst, ptrdiff_t dst_stride, Isa isa);
+
+// Splits n interleaved RGB pixels into three planes: d_c[j] = rgb[3j + c],
+// or with `reverse` (a horizontal flip) d_c[j] = rgb[3(n - 1 - j) + c].
+// The AVX2 path (16 pixels a step, byte shuffles) and the scalar one give
+// the same bytes (tested).
+void SplitRgb(const uint8_t* rgb, int n, bool reverse, uint8_t* d0, uint8_t* d1, uint8_t* d2,
+              Isa isa);
 
 // Resizes one plane (in_h x in_w, row stride src_stride) to the window
 // [x0, x0+out_w) x [y0, y0+out_h) of its (full_w x full_h) resize, into dst.
@@ -73,5 +88,15 @@ class PlaneResizer {
   ResizeAxis h_, v_;
   std::vector<uint8_t> c_;
 };
+
+// The size an image of width x height is stored at under `pack_tool
+// --max-side n` (0: no limit): when its longer side L exceeds n,
+// round(width * n / L) x round(height * n / L) (halves round up), each at
+// least 1; otherwise its own size.
+std::pair<uint32_t, uint32_t> MaxSideSize(uint32_t width, uint32_t height, uint32_t n);
+
+// The whole RGB image resized to width x height into *out: Pillow's
+// resize((width, height), Image.BILINEAR) of it, each channel as a plane.
+void ResizeImage(const Image& src, uint32_t width, uint32_t height, Image* out);
 
 }  // namespace nl
