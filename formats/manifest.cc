@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -148,6 +149,10 @@ std::string ManifestToJson(const Manifest& m) {
     json skipped = json::array();
     for (const auto& f : s.skipped) skipped.push_back({{"path", f.path}, {"reason", f.reason}});
     js["skipped"] = skipped;
+    if (s.max_side > 0) {
+      js["max_side"] = s.max_side;
+      js["original_sizes"] = s.original_sizes;
+    }
     splits[name] = js;
   }
   j["splits"] = splits;
@@ -204,7 +209,25 @@ Status CheckSplit(const std::string& name, const SplitInfo& s) {
   if (s.encoding != "raw" && s.encoding != "png" && s.encoding != "jpeg" && s.encoding != "mixed") {
     return Status::Corruption("split '" + name + "' has unknown encoding '" + s.encoding + "'");
   }
+  // With max_side: 8 bytes of original size per sample, as base64 (4
+  // characters per 3 bytes, padded); without, none. (The text is decoded
+  // only by OriginalSizes.)
+  const bool too_many = s.max_side > 0 && s.num_samples > (uint64_t{1} << 58);  // (8 bytes each)
+  const uint64_t want = s.max_side > 0 && !too_many ? (s.num_samples * 8 + 2) / 3 * 4 : 0;
+  if (too_many || s.original_sizes.size() != want) {
+    return Status::Corruption("split '" + name + "' original_sizes holds " +
+                              std::to_string(s.original_sizes.size()) + " characters, expected " +
+                              std::to_string(want) + " (max_side " + std::to_string(s.max_side) +
+                              ", " + std::to_string(s.num_samples) + " samples)");
+  }
   return Status::Ok();
+}
+
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+int Base64Value(char c) {
+  const char* p = c ? std::strchr(kBase64, c) : nullptr;
+  return p ? static_cast<int>(p - kBase64) : -1;
 }
 
 // A count or size: a non-negative JSON integer (nlohmann would wrap -1 to
@@ -324,11 +347,87 @@ Result<SplitInfo> ReadSplit(const std::string& name, const json& js, const std::
   for (const auto& jf : js.value("skipped", json::array())) {
     s.skipped.push_back({jf.at("path").get<std::string>(), jf.at("reason").get<std::string>()});
   }
+  if (js.contains("max_side")) {
+    *field = "splits." + name + ".max_side";
+    NL_ASSIGN_OR_RETURN(const uint64_t max_side, GetCount(js, "max_side", at_split));
+    if (max_side < 1 || max_side > (uint64_t{1} << 20)) {
+      return Status::Corruption(at_split + " max_side " + std::to_string(max_side) +
+                                " is outside 1 .. 1048576");
+    }
+    s.max_side = static_cast<uint32_t>(max_side);
+    *field = "splits." + name + ".original_sizes";
+    s.original_sizes = js.at("original_sizes").get<std::string>();
+  }
   NL_RETURN_IF_ERROR(CheckSplit(name, s).WithContext(where));
   return s;
 }
 
 }  // namespace
+
+std::string EncodeOriginalSizes(const std::vector<std::array<uint32_t, 2>>& sizes) {
+  std::vector<uint8_t> bytes;
+  bytes.reserve(sizes.size() * 8);
+  for (const auto& wh : sizes)
+    for (uint32_t v : wh)
+      for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<uint8_t>(v >> (8 * b)));
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t n = (uint32_t{bytes[i]} << 16) | (i + 1 < bytes.size() ? uint32_t{bytes[i + 1]} << 8 : 0) |
+                       (i + 2 < bytes.size() ? bytes[i + 2] : 0);
+    out += kBase64[(n >> 18) & 63];
+    out += kBase64[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? kBase64[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kBase64[n & 63] : '=';
+  }
+  return out;
+}
+
+Result<std::vector<std::array<uint32_t, 2>>> OriginalSizes(const SplitInfo& s) {
+  std::vector<std::array<uint32_t, 2>> sizes;
+  if (s.max_side == 0) return sizes;
+  const std::string& t = s.original_sizes;
+  const uint64_t n_bytes = s.num_samples * 8;
+  if (s.num_samples > (uint64_t{1} << 58) || t.size() != (n_bytes + 2) / 3 * 4) {
+    return Status::Corruption("original_sizes holds " + std::to_string(t.size()) + " characters for " +
+                              std::to_string(s.num_samples) + " samples");
+  }
+  // Exactly as EncodeOriginalSizes writes it: the last (3 - n_bytes % 3) % 3
+  // characters are '=', and the bits they stand for are 0.
+  const size_t pad = (3 - n_bytes % 3) % 3;
+  std::vector<uint8_t> bytes;
+  bytes.reserve(n_bytes + 2);
+  for (size_t i = 0; i < t.size(); i += 4) {
+    uint32_t n = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const size_t at = i + k;
+      const bool padding = at >= t.size() - pad;
+      const int v = padding ? (t[at] == '=' ? 0 : -1) : Base64Value(t[at]);
+      if (v < 0) {
+        return Status::Corruption("original_sizes is not base64: character " + std::to_string(at) +
+                                  " is " + Shown(std::string(1, t[at])));
+      }
+      n = (n << 6) | static_cast<uint32_t>(v);
+    }
+    for (int b = 2; b >= 0; --b) bytes.push_back(static_cast<uint8_t>(n >> (8 * b)));
+  }
+  for (size_t i = n_bytes; i < bytes.size(); ++i) {
+    if (bytes[i] != 0) return Status::Corruption("original_sizes is not canonical base64: its last bits are not 0");
+  }
+  sizes.resize(s.num_samples);
+  for (uint64_t i = 0; i < s.num_samples; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const uint8_t* p = &bytes[i * 8 + k * 4];
+      const uint32_t v = p[0] | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+      if (v < 1 || v > (uint32_t{1} << 20)) {
+        return Status::Corruption("original_sizes: sample " + std::to_string(i) + " has a side of " +
+                                  std::to_string(v) + " (sides are 1 .. 1048576)");
+      }
+      sizes[i][k] = v;
+    }
+  }
+  return sizes;
+}
 
 Result<Manifest> ManifestFromJson(const std::string& text, const std::string& where) {
   Manifest m;

@@ -39,6 +39,12 @@ struct SplitInfo {
   std::optional<std::array<uint32_t, 3>> shape;
   std::vector<ShardInfo> shards;
   std::vector<SkippedFile> skipped;
+  // Packed with --max-side: the longest side images were limited to (0: not
+  // limited), and every sample's size before that, in index order, as
+  // base64 of little-endian uint32 (width, height) pairs (OriginalSizes
+  // decodes it; readers that do not need it never do).
+  uint32_t max_side = 0;
+  std::string original_sizes;
   uint64_t total_bytes() const;
 };
 
@@ -52,6 +58,14 @@ struct Manifest {
 
   const SplitInfo* FindSplit(const std::string& name) const;
 };
+
+// A split's original sizes ({width, height} per sample, index order), from
+// its `original_sizes`; empty when it was packed without --max-side.
+// Corruption when the text is not base64 of 8 bytes per sample, or a side
+// is 0 or over 2^20.
+Result<std::vector<std::array<uint32_t, 2>>> OriginalSizes(const SplitInfo& s);
+// The inverse, for the packer.
+std::string EncodeOriginalSizes(const std::vector<std::array<uint32_t, 2>>& sizes);
 
 // Strings in manifest.json (names come from the file system and need not be
 // UTF-8) are escaped losslessly: each byte that is not part of valid UTF-8

@@ -57,6 +57,56 @@ TEST(Manifest, InconsistentShardsRejected) {
             std::string::npos);
 }
 
+// --max-side: the limit and every sample's original size survive the file;
+// a text of the wrong length, not base64, or with a side out of bounds is
+// Corruption (the length at load, the rest when decoded).
+TEST(Manifest, OriginalSizesRoundTripAndDamageIsNamed) {
+  testing::ScratchDir dir;
+  Manifest m = Sample();
+  const std::vector<std::array<uint32_t, 2>> sizes = {
+      {640, 480}, {1, 1}, {1u << 20, 3}, {500, 375}, {17, 4000}};
+  m.splits["train"].max_side = 256;
+  m.splits["train"].original_sizes = EncodeOriginalSizes(sizes);
+  ASSERT_TRUE(SaveManifest(dir.path(), m).ok());
+  Result<Manifest> back = LoadManifest(dir.path());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->FindSplit("train")->max_side, 256u);
+  Result<std::vector<std::array<uint32_t, 2>>> got = OriginalSizes(*back->FindSplit("train"));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, sizes);
+  // Without --max-side: neither field is written, and no sizes.
+  EXPECT_EQ(ManifestToJson(Sample()).find("original_sizes"), std::string::npos);
+  EXPECT_TRUE(OriginalSizes(Sample().splits["train"])->empty());
+
+  Manifest shorter = m;
+  shorter.splits["train"].original_sizes.resize(shorter.splits["train"].original_sizes.size() - 4);
+  Status st = ManifestFromJson(ManifestToJson(shorter), "m.json").status();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption);
+  EXPECT_EQ(st.message(),
+            "m.json: split 'train' original_sizes holds 52 characters, expected 56 (max_side 256, "
+            "5 samples)");
+  SplitInfo bad = m.splits["train"];
+  bad.original_sizes[7] = '*';
+  EXPECT_EQ(OriginalSizes(bad).status().message(), "original_sizes is not base64: character 7 is \"*\"");
+  bad = m.splits["train"];
+  ASSERT_EQ(bad.original_sizes.substr(52), "AA==");
+  bad.original_sizes[53] = 'B';  // bits past the last byte: not what the packer writes
+  EXPECT_EQ(OriginalSizes(bad).status().message(),
+            "original_sizes is not canonical base64: its last bits are not 0");
+  bad.original_sizes = m.splits["train"].original_sizes;
+  bad.original_sizes[54] = 'A';  // padding that is not '='
+  EXPECT_EQ(OriginalSizes(bad).status().message(), "original_sizes is not base64: character 54 is \"A\"");
+  bad.original_sizes = EncodeOriginalSizes({{640, 480}, {0, 1}, {1, 1}, {1, 1}, {1, 1}});
+  EXPECT_EQ(OriginalSizes(bad).status().message(),
+            "original_sizes: sample 1 has a side of 0 (sides are 1 .. 1048576)");
+  std::string text = ManifestToJson(m);
+  const size_t at = text.find("\"max_side\": 256");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 15, "\"max_side\": 0  ");
+  EXPECT_EQ(ManifestFromJson(text, "m.json").status().message(),
+            "m.json: split 'train' max_side 0 is outside 1 .. 1048576");
+}
+
 TEST(Manifest, BadJsonAndVersion) {
   EXPECT_EQ(ManifestFromJson("{not json", "m.json").status().code(), StatusCode::kCorruption);
   std::string j = ManifestToJson(Sample());

@@ -172,6 +172,9 @@ int Info(const std::string& root, bool as_json) {
         name.c_str(), static_cast<unsigned long long>(s.num_samples), s.encoding.c_str(),
         shape.c_str(), s.shards.size(), s.shards.size() == 1 ? "" : "s",
         HumanBytes(static_cast<double>(s.total_bytes())).c_str(), s.skipped.size());
+    if (s.max_side > 0) {
+      std::printf("  packed with --max-side %u (the manifest keeps each original size)\n", s.max_side);
+    }
     for (const auto& sh : s.shards) {
       std::printf("  %s  indices %llu..%llu  %s  %s\n", sh.path.c_str(),
                   static_cast<unsigned long long>(sh.first_index),
@@ -192,6 +195,7 @@ struct Flags {
   // Counts are taken as text and range-checked after parsing (CLI11 would
   // wrap "-1" into an unsigned option).
   std::string shards_text = "0", threads_text = "0";
+  std::string max_side_text = "0", quality_text = "90";
   std::string max_mp_text;  // empty: nl::kDefaultMaxPixels (Pillow's limit)
   uint64_t max_mp_bound = MaxMegapixels();
   bool quick = false, as_json = false;  // verify, info
@@ -231,6 +235,13 @@ void AddPackOptions(CLI::App* c, Flags* f, std::string* encoding, const std::str
               "Delete and replace an existing OUT even when it is not a shard set (implies "
               "--force). OUT inside SRC, or SRC inside OUT, is always refused");
   AddMaxMegapixels(c, f);
+  c->add_option("--max-side", f->max_side_text,
+                "Store images whose longer side L exceeds N at round(w*N/L) x round(h*N/L) "
+                "(Pillow's bilinear resize); 0 to 1048576 (default 0: as they are). With "
+                "--encoding keep a resized image is re-encoded in its own format; the manifest "
+                "keeps every original size");
+  c->add_option("--quality", f->quality_text,
+                "JPEG quality for --encoding jpeg and for resized JPEGs, 1 to 100 (default 90)");
   c->add_option("--test-kill-after", f->kill_after, "Testing: SIGKILL self after N samples")
       ->group("");
   c->add_option("--test-interrupt-after", f->interrupt_after,
@@ -246,7 +257,7 @@ CLI::App* AddCifar(CLI::App* app, Flags* f) {
   c->add_option("--label", f->label, "Which label to store")
       ->check(CLI::IsMember({"fine", "coarse"}))
       ->capture_default_str();
-  AddPackOptions(c, f, &f->cifar_encoding, "raw (decoded RGB) or png");
+  AddPackOptions(c, f, &f->cifar_encoding, "raw (decoded RGB), png or jpeg (re-encoded, --quality)");
   return c;
 }
 
@@ -258,7 +269,8 @@ CLI::App* AddImageFolder(CLI::App* app, Flags* f) {
   c->add_option("--split", f->split, "Split name")->capture_default_str();
   c->add_flag("--skip-bad", f->opts.skip_bad,
               "Skip bad images (listed in the manifest) instead of failing");
-  AddPackOptions(c, f, &f->imf_encoding, "keep (original file bytes), raw (decoded RGB) or png");
+  AddPackOptions(c, f, &f->imf_encoding,
+                 "keep (original file bytes), raw (decoded RGB), png or jpeg (re-encoded, --quality)");
   return c;
 }
 
@@ -319,6 +331,11 @@ nl::Status CheckCounts(Flags* f, bool fake_cifar) {
   NL_ASSIGN_OR_RETURN(uint64_t shards, ParseCount("--shards", f->shards_text, 0, kMaxShards,
                                                   "one per 100,000 samples"));
   f->opts.shards = static_cast<uint32_t>(shards);
+  NL_ASSIGN_OR_RETURN(uint64_t max_side,
+                      ParseCount("--max-side", f->max_side_text, 0, uint64_t{1} << 20, "no limit"));
+  f->opts.max_side = static_cast<uint32_t>(max_side);
+  NL_ASSIGN_OR_RETURN(uint64_t quality, ParseCount("--quality", f->quality_text, 1, 100));
+  f->opts.jpeg_quality = static_cast<int>(quality);
   if (f->max_mp_text.empty()) {
     f->opts.limits.max_pixels = std::min(nl::kDefaultMaxPixels, f->max_mp_bound << 20);
   } else {
@@ -349,7 +366,7 @@ int RunPack(const Flags& f, bool cifar) {
   opts.encoding = *enc;
   if (cifar && opts.encoding == nl::PackEncoding::kKeep) {
     return Fail(nl::Status::InvalidArgument(
-        "--encoding keep needs image files; CIFAR-100 takes raw or png"));
+        "--encoding keep needs image files; CIFAR-100 takes raw, png or jpeg"));
   }
   const nl::CifarLabel which = f.label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse;
   nl::Result<nl::PackSummary> r = cifar ? nl::PackCifar100(f.src, f.out, which, opts)

@@ -50,7 +50,7 @@ expect_rc 0 "pack again" "$PT" cifar100 "$W/c100" "$W/packed2" --shards 2 --thre
 expect_rc 0 "byte-identical shards" cmp "$W/packed/train/shard-00001/data.mdb" "$W/packed2/train/shard-00001/data.mdb"
 
 expect_rc 1 "--encoding keep is refused for CIFAR-100" "$PT" cifar100 "$W/c100" "$W/keep" --encoding keep
-expect_out "CIFAR-100 takes raw or png" "the refusal says what works"
+expect_out "CIFAR-100 takes raw, png or jpeg" "the refusal says what works"
 
 # existing OUT refused without --force
 expect_rc 1 "existing OUT refused" "$PT" cifar100 "$W/c100" "$W/packed"
@@ -109,6 +109,28 @@ cat "$W/out" | sed 's/^/    /'
 expect_rc 0 "add a val split (raw)" "$PT" imagefolder "$W/imf" "$W/imf_packed" --split val --encoding raw
 expect_rc 0 "verify with two splits" "$PT" verify "$W/imf_packed"
 expect_rc 1 "same split again refused" "$PT" imagefolder "$W/imf" "$W/imf_packed" --split val
+
+# --max-side: the 23x17 images stored at 12x9 (Pillow's bilinear resize),
+# their original sizes in the manifest; verify holds each record to them.
+expect_rc 0 "pack with --max-side 12 --encoding png" "$PT" imagefolder "$W/imf" "$W/imf_small" --max-side 12 --encoding png
+expect_rc 0 "verify the --max-side pack" "$PT" verify "$W/imf_small"
+expect_rc 0 "--max-side: Pillow's resize of every image; the manifest's original sizes are the files'" \
+  $PY "$HERE/check_against_pillow.py" "$PT" "$W/imf" "$W/imf_small" "$W/exp_small" 12
+expect_rc 0 "info names --max-side" "$PT" info "$W/imf_small"
+expect_out "packed with --max-side 12 \(the manifest keeps each original size\)" "info says how it was packed"
+expect_rc 0 "--max-side with keep: resized images re-encoded in their own format" \
+  "$PT" imagefolder "$W/imf" "$W/imf_small_keep" --max-side 12 --quality 80
+expect_rc 0 "verify it" "$PT" verify "$W/imf_small_keep"
+expect_rc 0 "--encoding jpeg --max-side 16" "$PT" imagefolder "$W/imf" "$W/imf_jpeg" --encoding jpeg --max-side 16
+expect_rc 0 "verify it" "$PT" verify "$W/imf_jpeg"
+sed -i 's/"max_side": 12,/"max_side": 13,/' "$W/imf_small/manifest.json"
+expect_rc 1 "verify finds records that do not fit the manifest's max_side" "$PT" verify "$W/imf_small"
+expect_out "image is 12x9 but --max-side 13 of its original 23x17 \(manifest\) gives 13x10" "the problem names both sizes"
+for bad in "--max-side -1" "--max-side 1048577" "--max-side x" "--quality 0" "--quality 101"; do
+  # shellcheck disable=SC2086
+  expect_rc 1 "$bad refused" "$PT" imagefolder "$W/imf" "$W/imf_refused" $bad
+done
+expect_out "--quality 101 is (out of range|outside)" "the refusal names the flag"
 
 # bad files: stop with a named error, or skip and count
 printf 'not an image' >"$W/imf/class_b/zzz_bad.jpg"

@@ -15,6 +15,7 @@
 #include "base/file_util.h"
 #include "formats/pack/imagefolder_source.h"
 #include "formats/record.h"
+#include "formats/resize.h"
 #include "formats/shard.h"
 #include "base/worker_pool.h"
 
@@ -26,7 +27,8 @@ Result<PackEncoding> ParsePackEncoding(const std::string& s) {
   if (s == "keep") return PackEncoding::kKeep;
   if (s == "raw") return PackEncoding::kRaw;
   if (s == "png") return PackEncoding::kPng;
-  return Status::InvalidArgument("unknown encoding '" + s + "' (use keep, raw or png)");
+  if (s == "jpeg") return PackEncoding::kJpeg;
+  return Status::InvalidArgument("unknown encoding '" + s + "' (use keep, raw, png or jpeg)");
 }
 
 uint32_t DefaultThreads() {
@@ -43,6 +45,7 @@ struct Slot {
   Status status;
   std::vector<uint8_t> record;
   uint32_t width = 0, height = 0;
+  uint32_t original_width = 0, original_height = 0;  // before --max-side
   Encoding encoding = Encoding::kRaw;
   uint32_t label = 0;
 };
@@ -51,6 +54,7 @@ struct Slot {
 struct Scratch {
   SourceSample sample;
   Image decoded;
+  Image resized;
 };
 
 Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, Scratch* sc,
@@ -60,7 +64,7 @@ Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, 
   const Image* img = &s.image;
   std::span<const uint8_t> payload;
   Encoding enc = Encoding::kRaw;
-  std::vector<uint8_t> png;
+  std::vector<uint8_t> encoded;  // a re-encoded payload
   if (!s.decoded) {
     // Validate by decoding once, whatever is stored.
     Status st = DecodeImageInto(s.file_bytes, o.limits, &sc->decoded);
@@ -69,13 +73,34 @@ Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, 
   } else if (uint64_t{img->width} * img->height > o.limits.max_pixels) {
     return Status::ResourceExhausted(source.Describe(i) + ": image exceeds the pixel limit");
   }
-  if (o.encoding == PackEncoding::kKeep && !s.decoded) {
-    enc = DetectImageFormat(s.file_bytes) == ImageFormat::kPng ? Encoding::kPng : Encoding::kJpeg;
+  slot->original_width = img->width;
+  slot->original_height = img->height;
+  const auto [fit_w, fit_h] = MaxSideSize(img->width, img->height, o.max_side);
+  const bool resized = fit_w != img->width || fit_h != img->height;
+  if (resized) {
+    ResizeImage(*img, fit_w, fit_h, &sc->resized);
+    img = &sc->resized;
+  }
+  const bool kept_png = !s.decoded && DetectImageFormat(s.file_bytes) == ImageFormat::kPng;
+  PackEncoding how = o.encoding;
+  if (how == PackEncoding::kKeep && (resized || s.decoded)) {
+    // The file's bytes are not the image stored: re-encoded in its own
+    // format (decoded sources, CIFAR, have none: raw).
+    how = s.decoded ? PackEncoding::kRaw : kept_png ? PackEncoding::kPng : PackEncoding::kJpeg;
+  }
+  if (how == PackEncoding::kKeep && !s.decoded) {
+    enc = kept_png ? Encoding::kPng : Encoding::kJpeg;
     payload = s.file_bytes;
-  } else if (o.encoding == PackEncoding::kPng) {
-    NL_ASSIGN_OR_RETURN(png, EncodePng(*img, o.png_level));
+  } else if (how == PackEncoding::kPng) {
+    NL_ASSIGN_OR_RETURN(encoded, EncodePng(*img, o.png_level));
     enc = Encoding::kPng;
-    payload = png;
+    payload = encoded;
+  } else if (how == PackEncoding::kJpeg) {
+    JpegEncodeOptions jo;
+    jo.quality = o.jpeg_quality;
+    NL_ASSIGN_OR_RETURN(encoded, EncodeJpeg(img->pixels, img->width, img->height, 3, jo));
+    enc = Encoding::kJpeg;
+    payload = encoded;
   } else {
     enc = Encoding::kRaw;
     payload = img->pixels;
@@ -242,9 +267,10 @@ class DecodeWorkers {
 class SplitBuilder {
  public:
   SplitBuilder(const SampleSource& source, const std::string& root, const std::string& split,
-               uint32_t num_shards)
+               uint32_t num_shards, uint32_t max_side)
       : source_(source), root_(root), split_(split), n_(source.size()), num_shards_(num_shards) {
     info_.num_samples = 0;
+    info_.max_side = max_side;
   }
 
   // Sample i's slot, made: appends its record, or notes it skipped.
@@ -257,6 +283,7 @@ class SplitBuilder {
     }
     NL_RETURN_IF_ERROR(shard_->Put(info_.num_samples, slot.record));
     encodings_.insert(slot.encoding);
+    if (info_.max_side > 0) original_sizes_.push_back({slot.original_width, slot.original_height});
     if (info_.num_samples == 0) {
       shape_w_ = slot.width;
       shape_h_ = slot.height;
@@ -283,6 +310,7 @@ class SplitBuilder {
       info_.encoding = std::string(EncodingName(*encodings_.begin()));
     }
     if (same_shape_) info_.shape = std::array<uint32_t, 3>{shape_h_, shape_w_, 3};
+    if (info_.max_side > 0) info_.original_sizes = EncodeOriginalSizes(original_sizes_);
     return std::move(info_);
   }
 
@@ -315,6 +343,7 @@ class SplitBuilder {
   bool same_shape_ = true;
   uint32_t shape_w_ = 0, shape_h_ = 0;
   uint64_t bytes_ = 0;
+  std::vector<std::array<uint32_t, 2>> original_sizes_;  // with max_side
 };
 
 // Reports progress every kProgressEvery samples and at the end.
@@ -372,7 +401,7 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
 
   NL_ASSIGN_OR_RETURN(std::unique_ptr<DecodeWorkers> workers,
                       DecodeWorkers::Start(source, o, threads));
-  SplitBuilder builder(source, root, split, num_shards);
+  SplitBuilder builder(source, root, split, num_shards, o.max_side);
   NL_RETURN_IF_ERROR(WriteInIndexOrder(source, split, o, workers.get(), &builder));
   if (Status st = workers->StopAndJoin(); !st.ok()) {
     return st.WithContext("pack of split '" + split + "'");

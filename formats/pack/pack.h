@@ -35,7 +35,9 @@
 
 namespace nl {
 
-enum class PackEncoding { kKeep, kRaw, kPng };
+// keep: a file's own bytes (CIFAR: raw); raw: decoded RGB; png, jpeg:
+// re-encoded (jpeg at PackOptions::jpeg_quality, 4:2:0).
+enum class PackEncoding { kKeep, kRaw, kPng, kJpeg };
 Result<PackEncoding> ParsePackEncoding(const std::string& s);
 
 struct PackProgress {
@@ -55,6 +57,13 @@ struct PackOptions {
   // Allows replacing (deleting) an OUT that is not a shard set. Implies force.
   bool replace_non_shard_set = false;
   int png_level = 6;
+  int jpeg_quality = 90;  // 1..100, for jpeg (and keep's re-encoded JPEGs)
+  // Images whose longer side exceeds this are stored at MaxSideSize (our
+  // Pillow-exact bilinear resize); 0: as they are. With keep, a resized
+  // image is re-encoded in its own format (JPEG at jpeg_quality, PNG). The
+  // manifest keeps every sample's original size (SplitInfo::max_side,
+  // original_sizes).
+  uint32_t max_side = 0;
   DecodeLimits limits;
   // Called from the writing thread after each batch of samples. May be empty.
   std::function<void(const PackProgress&)> progress;

@@ -9,6 +9,7 @@
 #include "base/file_util.h"
 #include "formats/pack/pack.h"
 #include "formats/record.h"
+#include "formats/resize.h"
 #include "formats/shard.h"
 #include "base/worker_pool.h"
 
@@ -36,12 +37,13 @@ std::string At(const ShardInfo& s, uint64_t index) {
 // Checks one record fully: header, CRCs, label, and that the payload decodes
 // to the size the header states.
 Status CheckRecord(std::span<const uint8_t> value, uint32_t num_classes, uint64_t max_pixels,
-                   Image* scratch) {
+                   bool quick, Image* scratch, RecordHeader* header) {
   RecordLimits limits;
   limits.num_classes = num_classes;
   limits.max_pixels = max_pixels;
   NL_ASSIGN_OR_RETURN(RecordView rec, DecodeRecord(value, limits));
-  if (rec.header.encoding == Encoding::kRaw) return Status::Ok();
+  *header = rec.header;
+  if (quick || rec.header.encoding == Encoding::kRaw) return Status::Ok();
   DecodeLimits dl;
   dl.max_pixels = max_pixels;
   NL_RETURN_IF_ERROR(DecodeImageInto(rec.payload, dl, scratch));
@@ -109,11 +111,29 @@ Walk WalkKeys(const ShardInfo& sh, const ShardReader::ReadTxn& txn, Reporter* re
   return w;
 }
 
+// A split packed with --max-side: its limit and every sample's original size.
+struct MaxSide {
+  uint32_t n = 0;
+  std::vector<std::array<uint32_t, 2>> original;
+};
+
+// That a record's size is what --max-side makes of its original size.
+Status CheckMaxSide(const RecordHeader& h, uint64_t index, const MaxSide& ms) {
+  if (index >= ms.original.size()) return Status::Ok();  // (reported as an unexpected key)
+  const auto [ow, oh] = ms.original[index];
+  const auto [w, h2] = MaxSideSize(ow, oh, ms.n);
+  if (h.width == w && h.height == h2) return Status::Ok();
+  return Status::Corruption("image is " + std::to_string(h.width) + "x" + std::to_string(h.height) +
+                            " but --max-side " + std::to_string(ms.n) + " of its original " +
+                            std::to_string(ow) + "x" + std::to_string(oh) + " (manifest) gives " +
+                            std::to_string(w) + "x" + std::to_string(h2));
+}
+
 // Step 3: every record's header and CRCs; without --quick, decodes too. The
 // records are shared out on a WorkerPool; their problems are reported in
 // index order, whatever the thread count.
 void CheckRecords(const ShardInfo& sh, const std::vector<StoredRecord>& records,
-                  uint32_t num_classes, const VerifyOptions& o, Reporter* rep,
+                  uint32_t num_classes, const VerifyOptions& o, const MaxSide& ms, Reporter* rep,
                   std::atomic<uint64_t>* decoded) {
   std::vector<Status> results(records.size());
   std::atomic<size_t> next{0};
@@ -124,16 +144,11 @@ void CheckRecords(const ShardInfo& sh, const std::vector<StoredRecord>& records,
       std::min<uint64_t>(threads, records.size()), 1, WorkerPool::kMaxThreads));
   auto body = [&](int) {
     Image scratch;
-    RecordLimits limits;
-    limits.num_classes = num_classes;
-    limits.max_pixels = o.max_pixels;
+    RecordHeader header;
     for (size_t i; (i = next.fetch_add(1)) < records.size();) {
-      if (o.quick) {
-        results[i] = DecodeRecord(records[i].value, limits).status();
-      } else {
-        results[i] = CheckRecord(records[i].value, num_classes, o.max_pixels, &scratch);
-        ++*decoded;
-      }
+      results[i] = CheckRecord(records[i].value, num_classes, o.max_pixels, o.quick, &scratch, &header);
+      if (!o.quick) ++*decoded;
+      if (results[i].ok() && ms.n > 0) results[i] = CheckMaxSide(header, records[i].index, ms);
     }
     return Status::Ok();
   };
@@ -146,8 +161,8 @@ void CheckRecords(const ShardInfo& sh, const std::vector<StoredRecord>& records,
 }
 
 void VerifyShard(const std::string& root, const ShardInfo& sh, uint32_t num_classes,
-                 const VerifyOptions& o, Reporter* rep, std::atomic<uint64_t>* checked,
-                 std::atomic<uint64_t>* decoded) {
+                 const VerifyOptions& o, const MaxSide& ms, Reporter* rep,
+                 std::atomic<uint64_t>* checked, std::atomic<uint64_t>* decoded) {
   if (!CheckShardSize(root, sh, rep)) return;
   Result<std::unique_ptr<ShardReader>> reader = ShardReader::Open(root, sh);
   if (!reader.ok()) {
@@ -162,7 +177,7 @@ void VerifyShard(const std::string& root, const ShardInfo& sh, uint32_t num_clas
   }
   const Walk walk = WalkKeys(sh, *txn, rep);
   *checked += walk.count;
-  CheckRecords(sh, walk.records, num_classes, o, rep, decoded);
+  CheckRecords(sh, walk.records, num_classes, o, ms, rep, decoded);
 }
 
 }  // namespace
@@ -178,8 +193,17 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
   const uint32_t num_classes = static_cast<uint32_t>(m->classes.size());
   std::atomic<uint64_t> checked{0}, decoded{0};
   for (const auto& [split, info] : m->splits) {
+    MaxSide ms;
+    if (info.max_side > 0) {
+      Result<std::vector<std::array<uint32_t, 2>>> sizes = OriginalSizes(info);
+      if (sizes.ok()) {
+        ms = {info.max_side, std::move(*sizes)};
+      } else {
+        rep.Add(root + "/" + kManifestFileName + " split '" + split + "'", sizes.status().ToString());
+      }
+    }
     for (const ShardInfo& sh : info.shards) {
-      VerifyShard(root, sh, num_classes, o, &rep, &checked, &decoded);
+      VerifyShard(root, sh, num_classes, o, ms, &rep, &checked, &decoded);
     }
   }
   report.records_checked = checked;
