@@ -393,7 +393,8 @@ nl::Status ConsumeCpp(const Args& a, int rank, nl::proc::ChildProcess* serve, in
                       AttachToServe(ServiceJobId(a.parent_pid), rank, serve, log_fd));
   out->sample_bytes = client->info().geometry.sample_bytes;
   out->attached = Clock::now();
-  while (true) {
+  // --max-batches: the client detaches after that many, and the serve exits.
+  while (a.max_batches == 0 || out->batches < a.max_batches) {
     const auto n0 = Clock::now();
     nl::Result<nl::RingBatch> b = client->Next(kBatchTimeoutS);
     const double next_s = std::chrono::duration<double>(Clock::now() - n0).count();
@@ -459,7 +460,8 @@ nl::Status ConsumePython(const Args& a, int rank, nl::proc::ChildProcess* serve,
       "/usr/bin/python3", "-m", "numa_loader.consume", "--json",
       "--job-id", ServiceJobId(a.parent_pid), "--rank", std::to_string(rank),
       "--timeout", std::to_string(static_cast<int>(kBatchTimeoutS)),
-      "--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS))};
+      "--attach-timeout", std::to_string(static_cast<int>(kAttachLimitS)),
+      "--batches", std::to_string(a.max_batches)};  // 0: to the producer's end
   // clang-format on
   NL_ASSIGN_OR_RETURN(nl::proc::ChildProcess py,
                       nl::proc::ChildProcess::Start(cmd, PythonChildEnvironment(pythonpath),

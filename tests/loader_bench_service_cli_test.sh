@@ -70,6 +70,12 @@ expect_rc 0 "service table: the cost columns" "$LB" "${COMMON[@]}" --epochs 2 --
 expect_out "cost us +cost p99" "the table has the consumer cost columns"
 expect_text "(loader serve)" "the serve's affinity line is passed on"
 
+# --max-batches ends a service run there (the consumer detaches, the serve
+# exits): 3 batches of a 1,000-epoch run, not the run.
+expect_rc_stdout 0 "--mode service --max-batches 3 of 1000 epochs" \
+  timeout 60 "$LB" "${COMMON[@]}" --epochs 1000 --ranks 1 --mode service --max-batches 3 --json
+expect_out '"batches":3,' "the service row counts 3 batches"
+
 # --bind off reaches the serve as --no-bind (nothing bound on either side).
 expect_rc_stdout 0 "--mode service --bind off" "$LB" "${COMMON[@]}" --epochs 2 --ranks 1 --mode service --bind off --json
 expect_out '"cpu_binding":"off"' "the row says cpu_binding off"
@@ -173,6 +179,9 @@ s = j["service"]["ranks"][0]
 assert s["consumer"] == "python" and s["images"] == 301 * 2 and s["consumer_us_mean"] > 0, s
 assert j["consumer_cost"][0]["consumer"] == "python"
 PYEOF
+  expect_rc_stdout 0 "--consumer python --max-batches 3 of 1000 epochs" \
+    timeout 60 "$LB" "${COMMON[@]}" --epochs 1000 --ranks 1 --mode service --consumer python --max-batches 3 --json
+  expect_out '"batches":3,' "the Python consumer stops at 3 batches too"
 else
   skip "no numa_loader package at $PYDIR: the Python consumer's run is not tested"
 fi
