@@ -76,7 +76,12 @@ rows=("train|torchvision" "train|pil-draft" "train|opencv" "train|decode-only" "
   "eval|torchvision" "eval|pil-draft" "eval|opencv" "eval|ours")
 declare -A got
 for ((r = 1; r <= runs; r++)); do
-  for row in "${rows[@]}"; do
+  # Every other run goes through the rows backwards, so a pipeline does not
+  # always run right after the same neighbour (in one run, ours --decode
+  # exact beat fast, which it trails in interleaved pairs).
+  n=${#rows[@]}
+  for ((k = 0; k < n; k++)); do
+    if ((r % 2)); then row=${rows[$k]}; else row=${rows[$((n - 1 - k))]}; fi
     tf=${row%%|*} pl=${row#*|}
     case $pl in
       ours) v=$(ours "$tf") ;;

@@ -81,6 +81,7 @@ Status DecodeImageRegionInto(std::span<const uint8_t> bytes, const DecodeLimits&
                              bool approximate) {
   if (DetectImageFormat(bytes) == ImageFormat::kJpeg)
     return DecodeJpegRegionInto(bytes, limits, region, out, scale_eighths, approximate);
+  if (DetectImageFormat(bytes) == ImageFormat::kPng) return DecodePngRegionInto(bytes, limits, region, out);
   NL_RETURN_IF_ERROR(DecodeImageInto(bytes, limits, &out->image));
   out->x = out->y = 0;
   out->full_width = out->image_width = out->image.width;
@@ -100,6 +101,17 @@ Status CheckDecodedShape(const RecordHeader& header, uint32_t width, uint32_t he
 
 Status CheckDecodedShape(const RecordHeader& header, const Image& image) {
   return CheckDecodedShape(header, image.width, image.height);
+}
+
+Status DecodeRecordImage(const RecordView& rec, const DecodeLimits& limits, Image* out) {
+  if (rec.header.encoding == Encoding::kRaw) {
+    out->width = rec.header.width;
+    out->height = rec.header.height;
+    out->pixels.assign(rec.payload.begin(), rec.payload.end());
+    return Status::Ok();
+  }
+  NL_RETURN_IF_ERROR(DecodeImageInto(rec.payload, limits, out));
+  return CheckDecodedShape(rec.header, *out);
 }
 
 Result<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeLimits& limits) {

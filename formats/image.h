@@ -71,7 +71,8 @@ struct DecodedRegion {
 // entropy-decoded only (jpeg_skip_scanlines), its columns outside are not
 // transformed (jpeg_crop_scanline), and decoding stops after the region's
 // last row, so a JPEG damaged or cut short below the region decodes (the
-// packer and `verify` decode every image whole). PNG decodes whole. An empty
+// packer and `verify` decode every image whole). A PNG decodes the region's
+// rows, whole, and stops after the last (DecodePngRegionInto). An empty
 // region (w or h 0) or one outside the image asks for the whole image.
 // `scale_eighths` (1..8): a JPEG is decoded at that scale, in libjpeg's DCT
 // domain (scale_num / 8: the image is then ceil(w * N / 8) wide), and the
@@ -93,10 +94,21 @@ Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& 
 // "image decodes to WxH but the header says WxH" otherwise (the caller adds
 // where the record is). Readers that trust the header's shape call this.
 Status CheckDecodedShape(const RecordHeader& header, const Image& image);
+
+// A record's pixels, whole: raw payloads copied, PNG and JPEG decoded, and
+// the size checked against the header (CheckDecodedShape). `verify` and
+// `export` read records this way; the loader's sample path decodes only the
+// crop's region (DecodeImageRegionInto) and checks the same way.
+Status DecodeRecordImage(const RecordView& rec, const DecodeLimits& limits, Image* out);
 Status CheckDecodedShape(const RecordHeader& header, uint32_t width, uint32_t height);
 
 // Format-specific entry points (DecodeImage dispatches to these).
 Status DecodePngInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
+// As DecodeImageRegionInto for a PNG: whole rows, from the region's first to
+// its last, inflating no further (the rows above it are inflated, not kept);
+// an interlaced or 16-bit gray PNG decodes whole.
+Status DecodePngRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                           const PixelRect& region, DecodedRegion* out);
 Status DecodeJpegInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out);
 Result<ImageInfo> ReadPngInfo(std::span<const uint8_t> bytes);
 Result<ImageInfo> ReadJpegInfo(std::span<const uint8_t> bytes);

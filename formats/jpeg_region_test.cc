@@ -184,6 +184,25 @@ INSTANTIATE_TEST_SUITE_P(
                     Coding{"progressiveRestart422", 3, 2, 1, true, 2}),
     [](const testing::TestParamInfo<Coding>& i) { return i.param.name; });
 
+// A PNG's inflation stops after the region's last row too: cut short below
+// the region, the region decodes (as JPEG's); within it, it is refused.
+TEST(PngRegionDecode, StopsAfterTheRegionsLastRow) {
+  const int w = 40, h = 200;
+  Image img;
+  img.width = w;
+  img.height = h;
+  img.pixels = Picture(w, h, 3, 8);
+  const std::vector<uint8_t> png = *EncodePng(img, 1);
+  const std::vector<uint8_t> cut(png.begin(), png.begin() + static_cast<long>(png.size() / 2));
+  EXPECT_EQ(DecodeImage(cut).status().code(), StatusCode::kCorruption);
+  DecodedRegion top;
+  ASSERT_TRUE(DecodeImageRegionInto(cut, {}, {3, 10, 5, 20}, &top).ok());
+  EXPECT_EQ(top.image.pixels,
+            std::vector<uint8_t>(img.pixels.begin() + 10 * w * 3, img.pixels.begin() + 30 * w * 3));
+  DecodedRegion bottom;
+  EXPECT_EQ(DecodeImageRegionInto(cut, {}, {3, 180, 5, 10}, &bottom).code(), StatusCode::kCorruption);
+}
+
 // Decoding stops after the region's last row: a JPEG cut short below the
 // region gives the region (the packer decodes every image whole, so a pack
 // holds none such); one cut short within the region is refused as
@@ -205,7 +224,7 @@ TEST(JpegRegionDecode, StopsAfterTheRegionsLastRow) {
 }
 
 // The pixel limit is the whole image's, checked from the header, whatever
-// the region; PNG and other formats go through the full decode.
+// the region; a PNG decodes the region's rows.
 TEST(JpegRegionDecode, LimitsAndOtherFormats) {
   const int w = 64, h = 48;
   const std::vector<uint8_t> px = Picture(w, h, 3, 9);
@@ -219,13 +238,27 @@ TEST(JpegRegionDecode, LimitsAndOtherFormats) {
   img.pixels = px;
   Result<std::vector<uint8_t>> png = EncodePng(img);
   ASSERT_TRUE(png.ok());
+  // A PNG: the region's rows, whole, at full scale whatever is asked.
   ASSERT_TRUE(DecodeImageRegionInto(*png, {}, {5, 5, 3, 3}, &r, 4).ok());
   EXPECT_EQ(r.x, 0u);
-  EXPECT_EQ(r.y, 0u);
+  EXPECT_EQ(r.y, 5u);
   EXPECT_EQ(r.image.width, 64u);
+  EXPECT_EQ(r.image.height, 3u);
+  EXPECT_EQ(r.full_width, 64u);
   EXPECT_EQ(r.full_height, 48u);
-  EXPECT_EQ(r.image.pixels, px);
+  EXPECT_EQ(r.image_height, 48u);
+  EXPECT_EQ(r.image.pixels, std::vector<uint8_t>(px.begin() + 5 * 64 * 3, px.begin() + 8 * 64 * 3));
   EXPECT_EQ(r.scale_eighths, 8) << "a PNG decodes at full scale whatever is asked";
+  // Empty, outside, or past the bottom: the whole image, or rows to the end.
+  for (const PixelRect& whole : {PixelRect{0, 0, 0, 0}, PixelRect{70, 0, 3, 3}, PixelRect{0, 48, 3, 3}}) {
+    ASSERT_TRUE(DecodeImageRegionInto(*png, {}, whole, &r).ok());
+    EXPECT_EQ(r.y, 0u);
+    EXPECT_EQ(r.image.pixels, px);
+  }
+  ASSERT_TRUE(DecodeImageRegionInto(*png, {}, {0, 40, 64, 100}, &r).ok());
+  EXPECT_EQ(r.y, 40u);
+  EXPECT_EQ(r.image.height, 8u);
+  EXPECT_EQ(r.image.pixels, std::vector<uint8_t>(px.begin() + 40 * 64 * 3, px.end()));
   EXPECT_EQ(DecodeImageRegionInto(std::vector<uint8_t>{0xFF, 0xD8, 0xFF, 0x00}, {}, {0, 0, 1, 1}, &r).code(),
             StatusCode::kCorruption);
   EXPECT_EQ(DecodeJpegRegionInto(jpg, {}, {0, 0, 1, 1}, &r, 0).code(), StatusCode::kInvalidArgument);

@@ -34,6 +34,11 @@ struct PngContext {
   bool reading_rows = false;  // inside png_read_image
   png_uint_32 height = 0;
   bool interlaced = false;
+  // A region decode: rows [first_row, end_row) are wanted (end_row 0: all).
+  // Set to what was decoded: the region's rows when libpng could stop after
+  // them (8-bit output, not interlaced), else all.
+  png_uint_32 first_row = 0, end_row = 0, region_x = 0;
+  png_uint_32 full_height = 0;
   std::vector<png_bytep> rows;
   std::vector<uint8_t> scratch;  // 16-bit gray rows before clipping
   std::vector<uint8_t> encoded;  // encoder output
@@ -225,6 +230,29 @@ Status DecodeBody(png_structp png, png_infop info, PngContext* ctx, const Decode
     return Status::Internal("libpng row of " + std::to_string(rowbytes) + " bytes, expected " +
                             std::to_string(want));
   }
+  // A region: inflate down to its last row and stop (the rows above it are
+  // inflated into one scratch row). Not for 16-bit gray (converted at the
+  // end) or interlaced images (every pass reaches the last row).
+  ctx->full_height = h;
+  if (ctx->end_row > 0 && ctx->first_row < h && ctx->region_x < w && !gray16 &&
+      interlace == PNG_INTERLACE_NONE) {
+    const png_uint_32 y0 = std::min(ctx->first_row, h - 1), y1 = std::clamp(ctx->end_row, y0 + 1, h);
+    out->width = w;
+    out->height = y1 - y0;
+    out->pixels.resize(size_t{w} * (y1 - y0) * 3);
+    ctx->scratch.resize(rowbytes);
+    ctx->height = y1;  // (for the error handler: the rows wanted)
+    ctx->reading_rows = true;
+    for (png_uint_32 y = 0; y < y1; ++y) {
+      png_read_row(png, y < y0 ? ctx->scratch.data() : out->pixels.data() + size_t{y - y0} * rowbytes, nullptr);
+    }
+    ctx->rows_done = true;
+    ctx->first_row = y0;
+    ctx->end_row = y1;
+    return Status::Ok();
+  }
+  ctx->first_row = 0;
+  ctx->end_row = h;
   out->width = w;
   out->height = h;
   out->pixels.resize(size_t{w} * h * 3);
@@ -246,13 +274,27 @@ Status DecodeBody(png_structp png, png_infop info, PngContext* ctx, const Decode
   return FinishGray16(ctx, out);
 }
 
+// What a region decode holds: whole rows [first_row, first_row + height).
+void FillWhere(const PngContext& ctx, const Image& out, DecodedRegion* where) {
+  where->x = 0;
+  where->y = ctx.first_row;
+  where->full_width = where->image_width = out.width;
+  where->full_height = where->image_height = ctx.full_height;
+  where->scale_eighths = 8;
+}
+
 Status RunDecode(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out,
-                 ImageInfo* info_only) {
+                 ImageInfo* info_only, const PixelRect* region = nullptr, DecodedRegion* where = nullptr) {
   if (bytes.size() < 8 || png_sig_cmp(bytes.data(), 0, 8) != 0) {
     return Status::Corruption("not a PNG file (bad signature)");
   }
   PngContext ctx;
   ctx.data = bytes;
+  if (region && region->w > 0 && region->h > 0) {
+    ctx.first_row = region->y;
+    ctx.region_x = region->x;
+    ctx.end_row = static_cast<png_uint_32>(std::min<uint64_t>(UINT32_MAX, uint64_t{region->y} + region->h));
+  }
   ReadStruct rs(&ctx);
   if (!rs.ok()) return Status::Internal("libpng: cannot allocate read structures");
   NL_RETURN_IF_ERROR(WalkChunks(bytes, &ctx));
@@ -265,7 +307,11 @@ Status RunDecode(std::span<const uint8_t> bytes, const DecodeLimits& limits, Ima
     const bool all_rows =
         ctx.reading_rows && (ctx.interlaced ? png_get_current_pass_number(rs.png()) >= 7
                                             : png_get_current_row_number(rs.png()) >= ctx.height);
-    if ((ctx.rows_done || all_rows) && !info_only) return FinishGray16(&ctx, out);
+    if ((ctx.rows_done || all_rows) && !info_only) {
+      NL_RETURN_IF_ERROR(FinishGray16(&ctx, out));
+      if (where) FillWhere(ctx, *out, where);
+      return Status::Ok();
+    }
     if (ctx.pos > bytes.size()) {  // ReadBytes made up the missing tail, and zlib wanted more
       return Status::Corruption("corrupt PNG: truncated PNG: the " + std::to_string(bytes.size()) +
                                 "-byte file ends before its image data does (" + ctx.error + ")");
@@ -279,7 +325,9 @@ Status RunDecode(std::span<const uint8_t> bytes, const DecodeLimits& limits, Ima
     info_only->height = png_get_image_height(rs.png(), rs.info());
     return Status::Ok();
   }
-  return DecodeBody(rs.png(), rs.info(), &ctx, limits, out);
+  NL_RETURN_IF_ERROR(DecodeBody(rs.png(), rs.info(), &ctx, limits, out));
+  if (where) FillWhere(ctx, *out, where);
+  return Status::Ok();
 }
 
 void WriteBytes(png_structp png, png_bytep data, size_t n) {
@@ -292,6 +340,11 @@ void Flush(png_structp) {}
 
 Status DecodePngInto(std::span<const uint8_t> bytes, const DecodeLimits& limits, Image* out) {
   return RunDecode(bytes, limits, out, nullptr);
+}
+
+Status DecodePngRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                           const PixelRect& region, DecodedRegion* out) {
+  return RunDecode(bytes, limits, &out->image, nullptr, &region, out);
 }
 
 Result<ImageInfo> ReadPngInfo(std::span<const uint8_t> bytes) {

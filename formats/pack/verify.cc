@@ -43,11 +43,10 @@ Status CheckRecord(std::span<const uint8_t> value, uint32_t num_classes, uint64_
   limits.max_pixels = max_pixels;
   NL_ASSIGN_OR_RETURN(RecordView rec, DecodeRecord(value, limits));
   *header = rec.header;
-  if (quick || rec.header.encoding == Encoding::kRaw) return Status::Ok();
+  if (quick || rec.header.encoding == Encoding::kRaw) return Status::Ok();  // (raw: its length is checked)
   DecodeLimits dl;
   dl.max_pixels = max_pixels;
-  NL_RETURN_IF_ERROR(DecodeImageInto(rec.payload, dl, scratch));
-  return CheckDecodedShape(rec.header, *scratch);
+  return DecodeRecordImage(rec, dl, scratch);
 }
 
 // Step 1: data.mdb's size against the manifest. False when there is no file.
@@ -221,17 +220,9 @@ Result<DecodedSample> ReadSample(const std::string& root, const std::string& spl
   NL_ASSIGN_OR_RETURN(RecordView rec, txn.Read(index, limits));
   DecodedSample out;
   out.label = rec.header.label;
-  if (rec.header.encoding == Encoding::kRaw) {
-    out.image.width = rec.header.width;
-    out.image.height = rec.header.height;
-    out.image.pixels.assign(rec.payload.begin(), rec.payload.end());
-  } else {
-    DecodeLimits dl;
-    dl.max_pixels = limits.max_pixels;
-    Status st = DecodeImageInto(rec.payload, dl, &out.image);
-    if (st.ok()) st = CheckDecodedShape(rec.header, out.image);
-    if (!st.ok()) return st.WithContext(reader->Where(index));
-  }
+  DecodeLimits dl;
+  dl.max_pixels = limits.max_pixels;
+  if (Status st = DecodeRecordImage(rec, dl, &out.image); !st.ok()) return st.WithContext(reader->Where(index));
   return out;
 }
 

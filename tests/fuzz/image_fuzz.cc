@@ -1,5 +1,5 @@
 // libFuzzer target: bytes through our PNG and JPEG wrappers (with a pixel
-// limit), header-only, whole and (JPEG) region decodes; a region decode
+// limit), header-only, whole and region decodes; a region decode
 // must hold its region and, where the whole decode succeeds too, equal it
 // there. Built twice: png_fuzz (seeds: PNGs)
 // and jpeg_fuzz (seeds: JPEGs); both take any bytes.
@@ -65,6 +65,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         __builtin_trap();
       if (approx.scale_eighths != scale || approx.full_width != (uint64_t{approx.image_width} * scale + 7) / 8)
         __builtin_trap();
+    }
+  }
+#else
+  // A PNG region: whole rows from the region's first, equal to the full
+  // decode's where that succeeds.
+  if (size >= 8) {
+    const uint8_t* t = data + size - 8;
+    const nl::PixelRect r{uint32_t{t[0]}, uint32_t{t[1]} | uint32_t{t[2]} << 8, uint32_t{t[3]},
+                          uint32_t{t[4]} | uint32_t{t[5]} << 8};
+    nl::DecodedRegion part;
+    if (nl::DecodePngRegionInto(bytes, limits, r, &part).ok()) {
+      const nl::Image& p = part.image;
+      if (p.pixels.size() != size_t{p.width} * p.height * 3 || part.x != 0 || p.width != part.full_width ||
+          uint64_t{part.y} + p.height > part.full_height)
+        __builtin_trap();
+      if (s.ok()) {
+        if (part.full_width != img.width || part.full_height != img.height) __builtin_trap();
+        if (!std::equal(p.pixels.begin(), p.pixels.end(), img.pixels.begin() + size_t{part.y} * img.width * 3))
+          __builtin_trap();
+      }
     }
   }
 #endif
