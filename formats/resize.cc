@@ -432,8 +432,12 @@ void ResizeImage(const Image& src, uint32_t width, uint32_t height, Image* out) 
   const size_t in_px = size_t{src.width} * src.height, out_px = size_t{width} * height;
   std::vector<uint8_t> planes(in_px * 3), resized(out_px * 3);
   const Isa isa = BestIsa();
-  SplitRgb(src.pixels.data(), static_cast<int>(in_px), false, planes.data(), planes.data() + in_px,
-           planes.data() + 2 * in_px, isa);
+  // Row by row: SplitRgb counts pixels in an int, and an image may hold more
+  // than 2^31 of them (--max-megapixels allows what memory holds).
+  for (size_t y = 0, w = src.width; y < src.height; ++y) {
+    SplitRgb(src.pixels.data() + y * w * 3, static_cast<int>(w), false, planes.data() + y * w,
+             planes.data() + in_px + y * w, planes.data() + 2 * in_px + y * w, isa);
+  }
   PlaneResizer r;
   for (int c = 0; c < 3; ++c) {
     r.Resize(planes.data() + c * in_px, static_cast<int>(src.width), static_cast<int>(src.height),
