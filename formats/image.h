@@ -125,6 +125,16 @@ Result<std::vector<uint8_t>> EncodeJpeg(std::span<const uint8_t> pixels, uint32_
                                         uint32_t height, int channels,
                                         const JpegEncodeOptions& options = {});
 
+// The same JPEG with a restart marker at the start of every row of MCUs, so
+// that a region decode skips the entropy decoding of the rows above it
+// (pack_tool --jpeg-restarts). Lossless: the coefficients, quantisation
+// tables and sampling are copied, so the pixels decoded are the same; the
+// Huffman tables are optimised and the markers (APPn, COM) copied. A
+// progressive or arithmetic-coded JPEG comes back unchanged (its scans
+// cannot be cut by row), as does one that already restarts at every row.
+// Corruption as the decoders', for a file libjpeg cannot read whole.
+Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes);
+
 // Encodes RGB as an 8-bit, non-interlaced PNG (zlib level 0-9).
 Result<std::vector<uint8_t>> EncodePng(const Image& img, int compression_level = 6);
 

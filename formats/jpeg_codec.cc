@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <csetjmp>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,60 @@ extern "C" void OnJpegProgress(j_common_ptr c) {
   }
 }
 
+// A data source that gives libjpeg a JPEG cut above a restart marker: the
+// header (its frame height lowered) and then the entropy-coded data from
+// that marker on. `shift` is the number of the interval the cut starts at,
+// modulo 8: the markers that follow are numbered from it, and libjpeg, which
+// expects them numbered from 0, is told they are in order (resync).
+struct CutSource {
+  jpeg_source_mgr pub;
+  std::span<const uint8_t> pieces[2];
+  int next = 0;
+  int shift = 0;
+};
+
+extern "C" void CutInit(j_decompress_ptr c) {
+  auto* s = reinterpret_cast<CutSource*>(c->src);
+  s->next = 0;
+  s->pub.bytes_in_buffer = 0;
+}
+extern "C" boolean CutFill(j_decompress_ptr c) {
+  auto* s = reinterpret_cast<CutSource*>(c->src);
+  while (s->next < 2) {
+    const std::span<const uint8_t> p = s->pieces[s->next++];
+    if (p.empty()) continue;
+    s->pub.next_input_byte = p.data();
+    s->pub.bytes_in_buffer = p.size();
+    return TRUE;
+  }
+  // Out of data, as jpeg_mem_src: a warning (truncated) and an end marker.
+  static const JOCTET kEoi[2] = {0xFF, JPEG_EOI};
+  WARNMS(c, JWRN_JPEG_EOF);
+  s->pub.next_input_byte = kEoi;
+  s->pub.bytes_in_buffer = 2;
+  return TRUE;
+}
+extern "C" void CutSkip(j_decompress_ptr c, long n) {
+  jpeg_source_mgr* s = c->src;
+  if (n <= 0) return;
+  while (n > static_cast<long>(s->bytes_in_buffer)) {
+    n -= static_cast<long>(s->bytes_in_buffer);
+    (void)(*s->fill_input_buffer)(c);
+  }
+  s->next_input_byte += n;
+  s->bytes_in_buffer -= static_cast<size_t>(n);
+}
+extern "C" boolean CutResync(j_decompress_ptr c, int desired) {
+  auto* s = reinterpret_cast<CutSource*>(c->src);
+  if (c->unread_marker == JPEG_RST0 + ((desired + s->shift) & 7)) {
+    c->unread_marker = 0;
+    return TRUE;
+  }
+  // Out of order (a damaged file): libjpeg's recovery, in the file's numbering.
+  return jpeg_resync_to_restart(c, (desired + s->shift) & 7);
+}
+extern "C" void CutTerm(j_decompress_ptr) {}
+
 // A fresh decompressor for every image (0.2 us to make), as Pillow does: one
 // reused keeps the previous image's quantisation tables, so a file missing
 // its own would decode with another's instead of failing, and after a failed
@@ -75,6 +132,8 @@ struct JpegDecoder {
   jpeg_progress_mgr progress;
   std::vector<uint8_t> cmyk;
   std::vector<JSAMPROW> rows;
+  std::vector<uint8_t> cut_header;  // the header of a cut (CutAbove)
+  CutSource cut;
   bool header_done = false;
   JpegDecoder() {
     cinfo.err = jpeg_std_error(&err.pub);
@@ -130,6 +189,108 @@ PixelRect Widened(const jpeg_decompress_struct& c, const PixelRect* region, bool
           static_cast<uint32_t>(y1 - y0)};
 }
 
+// The offset of the frame height (its SOF segment's Y field) in a JPEG
+// header of `n` bytes, or 0 when there is none before the scan.
+size_t FrameHeightAt(const uint8_t* b, size_t n) {
+  size_t pos = 2;  // after SOI
+  while (pos + 4 <= n) {
+    if (b[pos] != 0xFF) return 0;
+    const uint8_t m = b[pos + 1];
+    if (m == 0xFF) {  // a fill byte before a marker
+      ++pos;
+      continue;
+    }
+    const size_t len = (size_t{b[pos + 2]} << 8) | b[pos + 3];
+    if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+      return pos + 7 <= n ? pos + 5 : 0;  // FF Cn, length, precision, then Y
+    }
+    if (m == 0xDA || len < 2) return 0;
+    pos += 2 + len;
+  }
+  return 0;
+}
+
+// The byte after the k-th restart marker (k >= 1) of the entropy-coded data
+// in [p, end), or null when it holds fewer, or one out of order.
+const uint8_t* AfterRestart(const uint8_t* p, const uint8_t* end, uint64_t k) {
+  uint64_t seen = 0;
+  while (end - p >= 2) {
+    p = static_cast<const uint8_t*>(std::memchr(p, 0xFF, static_cast<size_t>(end - p - 1)));
+    if (p == nullptr) return nullptr;
+    const uint8_t m = p[1];
+    if (m == 0x00 || m == 0xFF) {  // a stuffed FF, or fill
+      ++p;
+      continue;
+    }
+    if (m < JPEG_RST0 || m > JPEG_RST0 + 7) return nullptr;  // the scan ended
+    ++seen;
+    if (m != JPEG_RST0 + ((seen - 1) & 7)) return nullptr;
+    if (seen == k) return p + 2;
+    p += 2;
+  }
+  return nullptr;
+}
+
+// Rows of MCUs above the part to decode need no entropy decoding when the
+// scan restarts at row starts (pack_tool --jpeg-restarts writes a marker at
+// every row): the JPEG is cut at the last restart marker at or above the
+// part's first row and decoded from there as an image of its lower rows.
+// Restarts reset the DC predictions, so the rows below the cut decode to the
+// same pixels; only the cut's first iMCU row differs where fancy upsampling
+// would read the row above, and `part` starts an iMCU below its region
+// then (Widened's margin). Header read, output set; returns the output rows
+// cut away and leaves `c` ready for jpeg_read_header on the cut, or 0
+// (nothing changed).
+uint32_t CutAbove(JpegDecoder* d, std::span<const uint8_t> bytes, const PixelRect& part) {
+  jpeg_decompress_struct& c = d->cinfo;
+  // One sequential Huffman scan of every component (one block an MCU when
+  // there is a single component).
+  if (c.progressive_mode || c.arith_code || c.restart_interval == 0 ||
+      c.comps_in_scan != c.num_components ||
+      (c.num_components == 1 && (c.max_h_samp_factor != 1 || c.max_v_samp_factor != 1))) {
+    return 0;
+  }
+#if JPEG_LIB_VERSION >= 70
+  const uint64_t scaled = static_cast<unsigned>(c.min_DCT_v_scaled_size);
+#else
+  const uint64_t scaled = static_cast<unsigned>(c.min_DCT_scaled_size);
+#endif
+  const uint64_t mcu_w = 8u * static_cast<unsigned>(c.max_h_samp_factor);
+  const uint64_t mcu_h = 8u * static_cast<unsigned>(c.max_v_samp_factor);
+  const uint64_t out_h = scaled * static_cast<unsigned>(c.max_v_samp_factor);  // an MCU row, output
+  const uint64_t per_row = (c.image_width + mcu_w - 1) / mcu_w;
+  const uint64_t interval = c.restart_interval;
+  // The cut row: a row whose first MCU starts a restart interval.
+  const uint64_t step = interval / std::gcd(per_row, interval);
+  const uint64_t r0 = part.y / out_h / step * step;
+  if (r0 == 0 || r0 * mcu_h >= c.image_height) return 0;
+  const uint8_t* data = c.src->next_input_byte;  // the scan's first byte
+  const uint8_t* end = bytes.data() + bytes.size();
+  if (data < bytes.data() || data > end) return 0;
+  const uint64_t k0 = r0 * per_row / interval;
+  const uint8_t* tail = AfterRestart(data, end, k0);
+  const size_t header = static_cast<size_t>(data - bytes.data());
+  const size_t at = FrameHeightAt(bytes.data(), header);
+  if (tail == nullptr || at == 0 || ((unsigned{bytes[at]} << 8) | bytes[at + 1]) != c.image_height) {
+    return 0;
+  }
+  const uint64_t rows = c.image_height - r0 * mcu_h;
+  d->cut_header.assign(bytes.data(), data);
+  d->cut_header[at] = static_cast<uint8_t>(rows >> 8);
+  d->cut_header[at + 1] = static_cast<uint8_t>(rows & 0xFF);
+  d->cut.pub.init_source = CutInit;
+  d->cut.pub.fill_input_buffer = CutFill;
+  d->cut.pub.skip_input_data = CutSkip;
+  d->cut.pub.resync_to_restart = CutResync;
+  d->cut.pub.term_source = CutTerm;
+  d->cut.pieces[0] = d->cut_header;
+  d->cut.pieces[1] = std::span<const uint8_t>(tail, end);
+  d->cut.shift = static_cast<int>(k0 & 7);
+  jpeg_abort_decompress(&c);
+  c.src = &d->cut.pub;
+  return static_cast<uint32_t>(r0 * out_h);
+}
+
 // Decodes the rows and columns of `*part` into `out` (part->w x part->h;
 // jpeg_crop_scanline may widen the columns, and `*part` then says so).
 // Under setjmp, as DecodeUnderJump.
@@ -171,6 +332,17 @@ void ReadPart(JpegDecoder* d, bool cmyk, PixelRect* part, Image* out) {
   if (cmyk) InvertedCmykToRgb(d->cmyk.data(), npx, out->pixels.data());
 }
 
+// The output asked of libjpeg: RGB (CMYK for 4 components, converted here),
+// at scale/8. Approximate: chroma upsampled by replication, merged with the
+// colour conversion (libjpeg-turbo's SIMD merged upsampler), so a region
+// needs no margin.
+void SetOutput(jpeg_decompress_struct* c, bool cmyk, int scale_eighths, bool approximate) {
+  c->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+  c->scale_num = static_cast<unsigned>(scale_eighths);
+  c->scale_denom = 8;
+  if (approximate) c->do_fancy_upsampling = FALSE;
+}
+
 // Runs under setjmp (libjpeg's errors longjmp here): no locals with
 // destructors; the buffers live in `d` and `out`. `region` (null: the whole
 // image) is what to decode at least, and `*where` what was.
@@ -202,27 +374,31 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
                                      " pixels");
   }
   const bool cmyk = c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK;
-  c.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
-  c.scale_num = static_cast<unsigned>(scale_eighths);
-  c.scale_denom = 8;
-  // Approximate: chroma upsampled by replication, merged with the colour
-  // conversion (libjpeg-turbo's SIMD merged upsampler), so the region needs
-  // no margin.
-  if (approximate) c.do_fancy_upsampling = FALSE;
+  SetOutput(&c, cmyk, scale_eighths, approximate);
+  jpeg_calc_output_dimensions(&c);
+  PixelRect p = Widened(c, region, !approximate);
+  const uint32_t cut = p.y > 0 ? CutAbove(d, bytes, p) : 0;
+  if (cut > 0) {
+    if (jpeg_read_header(&c, TRUE) != JPEG_HEADER_OK) {
+      return Status::Corruption("corrupt JPEG: no scan after its restart marker");
+    }
+    SetOutput(&c, cmyk, scale_eighths, approximate);
+    p.y -= cut;
+  }
   jpeg_start_decompress(&c);
   const int comps = cmyk ? 4 : 3;
   const uint64_t sw = (uint64_t{w} * static_cast<unsigned>(scale_eighths) + 7) / 8;
   const uint64_t sh = (uint64_t{h} * static_cast<unsigned>(scale_eighths) + 7) / 8;
-  if (c.output_components != comps || c.output_width != sw || c.output_height != sh) {
+  if (c.output_components != comps || c.output_width != sw || c.output_height != sh - cut) {
     jpeg_abort_decompress(&c);
     return Status::Internal("libjpeg decodes to " + std::to_string(c.output_width) + "x" +
-                            std::to_string(c.output_height) + "x" + std::to_string(c.output_components));
+                            std::to_string(c.output_height) + "x" + std::to_string(c.output_components) +
+                            (cut ? " below a restart marker" : ""));
   }
-  PixelRect p = Widened(c, region, !approximate);
   ReadPart(d, cmyk, &p, out);
   if (where) {
     where->x = p.x;
-    where->y = p.y;
+    where->y = p.y + cut;
     where->full_width = static_cast<uint32_t>(sw);  // (output_width is the crop's now)
     where->full_height = static_cast<uint32_t>(sh);
     where->scale_eighths = scale_eighths;
@@ -270,6 +446,82 @@ Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& 
     return Status::InvalidArgument("JPEG scale must be 1/8..8/8, not " + std::to_string(scale_eighths) + "/8");
   }
   return RunJpeg(bytes, limits, &out->image, nullptr, &region, out, scale_eighths, approximate);
+}
+
+namespace {
+
+// A transcode's state, on the heap so that nothing under setjmp has a
+// destructor: the decompressor (and the error manager both use), the
+// compressor, and the output libjpeg allocates.
+struct Transcoder {
+  JpegDecoder d;
+  jpeg_compress_struct cc{};
+  bool cc_made = false;
+  unsigned char* out = nullptr;
+  unsigned long out_size = 0;
+  std::vector<uint8_t> result;
+  ~Transcoder() {
+    if (cc_made) jpeg_destroy_compress(&cc);
+    std::free(out);
+  }
+};
+
+// True when the markers an encoder writes itself already say what `m` says.
+bool WrittenByEncoder(const jpeg_compress_struct& cc, jpeg_saved_marker_ptr m) {
+  const auto starts = [m](const char* tag, unsigned n) {
+    return m->data_length >= n && std::memcmp(m->data, tag, n) == 0;
+  };
+  return (cc.write_JFIF_header && m->marker == JPEG_APP0 && starts("JFIF\0", 5)) ||
+         (cc.write_Adobe_marker && m->marker == JPEG_APP0 + 14 && starts("Adobe", 5));
+}
+
+// Under setjmp, as DecodeUnderJump. False when the file is left as it is.
+bool TranscodeUnderJump(Transcoder* t, std::span<const uint8_t> bytes) {
+  jpeg_decompress_struct& c = t->d.cinfo;
+  jpeg_mem_src(&c, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_save_markers(&c, JPEG_COM, 0xFFFF);
+  for (int k = 0; k < 16; ++k) jpeg_save_markers(&c, JPEG_APP0 + k, 0xFFFF);
+  if (jpeg_read_header(&c, TRUE) != JPEG_HEADER_OK) ERREXIT(&c, JERR_NO_IMAGE);
+  t->d.header_done = true;
+  const uint64_t mcu_w = 8u * static_cast<unsigned>(c.max_h_samp_factor);
+  const uint64_t per_row = (c.image_width + mcu_w - 1) / mcu_w;
+  if (c.progressive_mode || c.arith_code ||
+      (c.restart_interval != 0 && per_row % c.restart_interval == 0)) {
+    return false;
+  }
+  jvirt_barray_ptr* coefs = jpeg_read_coefficients(&c);
+  t->cc.err = c.err;
+  jpeg_create_compress(&t->cc);
+  t->cc_made = true;
+  jpeg_copy_critical_parameters(&c, &t->cc);
+  t->cc.restart_in_rows = 1;
+  t->cc.optimize_coding = TRUE;
+  jpeg_mem_dest(&t->cc, &t->out, &t->out_size);
+  jpeg_write_coefficients(&t->cc, coefs);
+  for (jpeg_saved_marker_ptr m = c.marker_list; m != nullptr; m = m->next) {
+    if (!WrittenByEncoder(t->cc, m)) jpeg_write_marker(&t->cc, m->marker, m->data, m->data_length);
+  }
+  jpeg_finish_compress(&t->cc);
+  jpeg_finish_decompress(&c);
+  return true;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 3 || bytes[0] != 0xFF || bytes[1] != 0xD8 || bytes[2] != 0xFF) {
+    return Status::Corruption("not a JPEG file (it does not start with FF D8 FF)");
+  }
+  const std::unique_ptr<Transcoder> t = std::make_unique<Transcoder>();
+  if (setjmp(t->d.err.jump)) {
+    return Status::Corruption(std::string(t->d.header_done ? "corrupt JPEG: " : "corrupt JPEG: not a valid JPEG header: ") +
+                              "libjpeg: " + t->d.err.message);
+  }
+  if (!TranscodeUnderJump(t.get(), bytes)) return std::vector<uint8_t>(bytes.begin(), bytes.end());
+  if (t->d.err.truncated) {
+    return Status::Corruption("truncated JPEG: its data ends before the end marker (libjpeg: Premature end of JPEG file)");
+  }
+  return std::vector<uint8_t>(t->out, t->out + t->out_size);
 }
 
 namespace {

@@ -25,6 +25,8 @@ struct Coding {
   int h_samp = 2, v_samp = 2;  // the first component's; the others 1x1
   bool progressive = false;
   int restart_rows = 0;  // a restart marker every N MCU rows (0: none)
+  int restart_mcus = 0;  // a restart marker every N MCUs (0: none), rows or not
+  bool row_restarts = false;  // then through AddJpegRowRestarts (the packer's --jpeg-restarts)
 };
 
 void PrintTo(const Coding& k, std::ostream* os) { *os << k.name; }
@@ -49,6 +51,7 @@ std::vector<uint8_t> Encode(const std::vector<uint8_t>& px, int w, int h, const 
   for (int i = 1; i < c.num_components; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
   if (k.progressive) jpeg_simple_progression(&c);
   c.restart_in_rows = k.restart_rows;
+  if (k.restart_mcus > 0) c.restart_interval = static_cast<unsigned>(k.restart_mcus);
   jpeg_start_compress(&c, TRUE);
   const size_t stride = static_cast<size_t>(w) * k.components;
   while (c.next_scanline < c.image_height) {
@@ -60,6 +63,23 @@ std::vector<uint8_t> Encode(const std::vector<uint8_t>& px, int w, int h, const 
   std::vector<uint8_t> out(buf, buf + size);
   free(buf);
   return out;
+}
+
+// `k`'s JPEG of `px`; with row restarts, checked to decode to the same
+// pixels as the JPEG it was made from.
+std::vector<uint8_t> EncodeChecked(const std::vector<uint8_t>& px, int w, int h, const Coding& k) {
+  std::vector<uint8_t> jpg = Encode(px, w, h, k);
+  if (!k.row_restarts) return jpg;
+  Result<std::vector<uint8_t>> with = AddJpegRowRestarts(jpg);
+  EXPECT_TRUE(with.ok()) << with.status().ToString();
+  if (!with.ok()) return jpg;
+  Result<Image> a = DecodeImage(jpg), b = DecodeImage(*with);
+  EXPECT_TRUE(a.ok() && b.ok());
+  if (a.ok() && b.ok()) {
+    EXPECT_EQ(a->pixels, b->pixels) << k.name << ": the restarts changed pixels";
+  }
+  EXPECT_EQ(*with == jpg, k.progressive) << k.name << ": only a progressive JPEG comes back unchanged";
+  return std::move(*with);
 }
 
 // A photograph-like image: smooth colour gradients with noise and edges, so
@@ -114,7 +134,7 @@ class JpegRegion : public testing::TestWithParam<Coding> {};
 TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
   const Coding& k = GetParam();
   for (const auto& [w, h] : {std::pair{203, 157}, std::pair{64, 33}}) {
-    const std::vector<uint8_t> jpg = Encode(Picture(w, h, k.components, 11), w, h, k);
+    const std::vector<uint8_t> jpg = EncodeChecked(Picture(w, h, k.components, 11), w, h, k);
     Result<Image> full = DecodeImage(jpg);
     ASSERT_TRUE(full.ok()) << full.status().ToString();
     const uint32_t W = static_cast<uint32_t>(w), H = static_cast<uint32_t>(h);
@@ -181,8 +201,119 @@ INSTANTIATE_TEST_SUITE_P(
                     Coding{"s440", 3, 1, 2}, Coding{"s411", 3, 4, 1}, Coding{"gray", 1, 1, 1},
                     Coding{"cmyk", 4, 2, 2}, Coding{"progressive420", 3, 2, 2, true},
                     Coding{"progressive444", 3, 1, 1, true}, Coding{"restart420", 3, 2, 2, false, 1},
-                    Coding{"progressiveRestart422", 3, 2, 1, true, 2}),
+                    Coding{"progressiveRestart422", 3, 2, 1, true, 2},
+                    // Restarts every few MCUs, a row's width not a multiple:
+                    // rows start an interval only every few rows.
+                    Coding{"mcuRestarts420", 3, 2, 2, false, 0, 3}, Coding{"mcuRestarts444", 3, 1, 1, false, 0, 7},
+                    // The packer's --jpeg-restarts.
+                    Coding{"rows444", 3, 1, 1, false, 0, 0, true}, Coding{"rows422", 3, 2, 1, false, 0, 0, true},
+                    Coding{"rows420", 3, 2, 2, false, 0, 0, true}, Coding{"rows440", 3, 1, 2, false, 0, 0, true},
+                    Coding{"rows411", 3, 4, 1, false, 0, 0, true}, Coding{"rowsGray", 1, 1, 1, false, 0, 0, true},
+                    Coding{"rowsCmyk", 4, 2, 2, false, 0, 0, true},
+                    Coding{"rowsProgressive", 3, 2, 2, true, 0, 0, true},
+                    Coding{"rowsOverMcuRestarts", 3, 2, 2, false, 0, 5, true}),
     [](const testing::TestParamInfo<Coding>& i) { return i.param.name; });
+
+// The entropy-coded bytes of `jpg` after its n-th restart marker (n >= 1)
+// up to the next marker: the MCUs of that restart interval.
+std::pair<size_t, size_t> Interval(const std::vector<uint8_t>& jpg, int n) {
+  int seen = 0;
+  size_t begin = 0;
+  for (size_t i = 0; i + 1 < jpg.size(); ++i) {
+    if (jpg[i] != 0xFF || jpg[i + 1] < 0xD0 || jpg[i + 1] > 0xD7) continue;
+    if (seen == n) return {begin, i};
+    if (++seen == n) begin = i + 2;
+  }
+  return {0, 0};
+}
+
+// With a restart marker at every row (--jpeg-restarts), a region decode
+// never entropy-decodes the rows of MCUs above the cut: bytes there that do
+// not decode do not touch it, while the full decode reads them and differs.
+// A file whose markers are damaged decodes as the full decode does.
+TEST(JpegRegionDecode, SkipsTheRowsAboveARestartMarker) {
+  const int w = 96, h = 160;  // 6 x 10 MCUs of 16x16
+  const Coding k{"rows420", 3, 2, 2, false, 1};
+  const std::vector<uint8_t> jpg = Encode(Picture(w, h, 3, 21), w, h, k);
+  Result<Image> full = DecodeImage(jpg);
+  ASSERT_TRUE(full.ok());
+  // Row of MCUs 2 (after marker 2) scrambled: its bytes no longer match.
+  std::vector<uint8_t> bad = jpg;
+  const auto [b, e] = Interval(jpg, 2);
+  ASSERT_GT(e, b + 8);
+  for (size_t i = b; i < e; ++i) bad[i] = static_cast<uint8_t>((bad[i] * 7 + 3) & 0x7F);
+  Result<Image> bad_full = DecodeImage(bad);
+  ASSERT_TRUE(bad_full.ok()) << bad_full.status().ToString();
+  ASSERT_NE(bad_full->pixels, full->pixels) << "the scrambled row decodes, to other pixels";
+  // Rows 112.. need MCU rows 6.. and a margin from row 5: cut below row 2.
+  ExpectRegionExact(bad, *full, {10, 112, 50, 30}, "below the scrambled row");
+  DecodedRegion fast;
+  ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &fast, 8, true).ok());
+  ExpectRegionExact(bad, fast.image, {10, 112, 50, 30}, "below the scrambled row, fast", 8, true);
+  // Within the scrambled row: as the full decode of the damaged file.
+  ExpectRegionExact(bad, *bad_full, {10, 36, 50, 30}, "over the scrambled row");
+  // A marker numbered out of order, one missing: no cut, the full decode's
+  // pixels (libjpeg resynchronises as it does for the whole image).
+  for (const int damage : {0, 1}) {
+    std::vector<uint8_t> odd = jpg;
+    const size_t at = Interval(jpg, 3).first - 1;  // marker 3's number
+    if (damage == 0) {
+      odd[at] = static_cast<uint8_t>(0xD0 + ((odd[at] - 0xD0 + 3) & 7));
+    } else {
+      odd.erase(odd.begin() + static_cast<long>(at) - 1, odd.begin() + static_cast<long>(at) + 1);
+    }
+    Result<Image> odd_full = DecodeImage(odd);
+    if (!odd_full.ok()) {
+      DecodedRegion r;
+      EXPECT_EQ(DecodeJpegRegionInto(odd, {}, {10, 112, 50, 30}, &r).code(), odd_full.status().code());
+      continue;
+    }
+    ExpectRegionExact(odd, *odd_full, {10, 112, 50, 30}, "a damaged marker " + std::to_string(damage));
+  }
+}
+
+// AddJpegRowRestarts keeps the file's markers (EXIF, ICC, comments) and
+// sampling, is idempotent, and refuses what is not a whole JPEG.
+TEST(JpegRowRestarts, KeepsMarkersAndRefusesDamage) {
+  const int w = 75, h = 50;
+  const std::vector<uint8_t> jpg = Encode(Picture(w, h, 3, 4), w, h, Coding{"s420", 3, 2, 2});
+  // An APP1 "Exif" and a COM segment after SOI/APP0 (JFIF).
+  const std::vector<uint8_t> exif = {0xFF, 0xE1, 0x00, 0x0C, 'E', 'x', 'i', 'f', 0, 0, 'M', 'M', 0, 42};
+  const std::vector<uint8_t> com = {0xFF, 0xFE, 0x00, 0x07, 'h', 'e', 'l', 'l', 'o'};
+  std::vector<uint8_t> marked(jpg.begin(), jpg.begin() + 20);  // SOI + JFIF APP0 (18 bytes)
+  ASSERT_EQ(marked[2], 0xFF);
+  ASSERT_EQ(marked[3], 0xE0);
+  marked.insert(marked.end(), exif.begin(), exif.end());
+  marked.insert(marked.end(), com.begin(), com.end());
+  marked.insert(marked.end(), jpg.begin() + 20, jpg.end());
+  Result<std::vector<uint8_t>> with = AddJpegRowRestarts(marked);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  const auto has = [&](const std::vector<uint8_t>& seg) {
+    return std::search(with->begin(), with->end(), seg.begin(), seg.end()) != with->end();
+  };
+  EXPECT_TRUE(has(exif));
+  EXPECT_TRUE(has(com));
+  const std::vector<uint8_t> jfif = {0xFF, 0xE0, 0x00, 0x10, 'J', 'F', 'I', 'F', 0};
+  int jfifs = 0;
+  for (auto it = with->begin(); (it = std::search(it, with->end(), jfif.begin(), jfif.end())) != with->end(); ++it) ++jfifs;
+  EXPECT_EQ(jfifs, 1) << "the JFIF marker once, not copied beside the encoder's";
+  EXPECT_EQ(DecodeImage(*with)->pixels, DecodeImage(jpg)->pixels);
+  // Every row restarts: 4 rows of 16 pixels, 3 markers.
+  int markers = 0;
+  for (size_t i = 0; i + 1 < with->size(); ++i) markers += (*with)[i] == 0xFF && (*with)[i + 1] >= 0xD0 && (*with)[i + 1] <= 0xD7;
+  EXPECT_EQ(markers, 3);
+  Result<std::vector<uint8_t>> again = AddJpegRowRestarts(*with);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *with) << "a file that restarts at every row comes back as it is";
+  // Truncated, not a JPEG, a header alone: Corruption naming it.
+  const std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() / 2));
+  const Status st = AddJpegRowRestarts(cut).status();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption);
+  EXPECT_NE(st.message().find("truncated JPEG"), std::string::npos) << st.ToString();
+  EXPECT_EQ(AddJpegRowRestarts(std::vector<uint8_t>{0x89, 'P', 'N', 'G'}).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(AddJpegRowRestarts(std::vector<uint8_t>(jpg.begin(), jpg.begin() + 30)).status().code(),
+            StatusCode::kCorruption);
+}
 
 // A PNG's inflation stops after the region's last row too: cut short below
 // the region, the region decodes (as JPEG's); within it, it is refused.

@@ -1,13 +1,38 @@
 // libFuzzer target: bytes through our PNG and JPEG wrappers (with a pixel
 // limit), header-only, whole and region decodes; a region decode
 // must hold its region and, where the whole decode succeeds too, equal it
-// there. Built twice: png_fuzz (seeds: PNGs)
+// there (for a JPEG with restart markers only after AddJpegRowRestarts: a
+// region below a restart skips damage above it that the whole decode
+// decodes around). Built twice: png_fuzz (seeds: PNGs)
 // and jpeg_fuzz (seeds: JPEGs); both take any bytes.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "formats/image.h"
+
+namespace {
+
+// The region's pixels of `part` equal `img`'s (the whole decode's, full
+// scale); the region clipped, an empty or outside one the whole image.
+void CheckRegion(const nl::PixelRect& r, const nl::DecodedRegion& part, const nl::Image& img) {
+  const nl::Image& p = part.image;
+  if (part.full_width != img.width || part.full_height != img.height) __builtin_trap();
+  const bool whole = r.w == 0 || r.h == 0 || r.x >= img.width || r.y >= img.height;
+  const uint32_t x0 = whole ? 0 : r.x, y0 = whole ? 0 : r.y;
+  const uint32_t x1 = whole ? img.width : static_cast<uint32_t>(std::min<uint64_t>(img.width, uint64_t{r.x} + r.w));
+  const uint32_t y1 = whole ? img.height : static_cast<uint32_t>(std::min<uint64_t>(img.height, uint64_t{r.y} + r.h));
+  if (part.x > x0 || part.y > y0 || part.x + p.width < x1 || part.y + p.height < y1) __builtin_trap();
+  for (uint32_t y = y0; y < y1; ++y)
+    for (uint32_t x = x0; x < x1; ++x)
+      for (int c = 0; c < 3; ++c)
+        if (p.pixels[(size_t{y - part.y} * p.width + (x - part.x)) * 3 + c] !=
+            img.pixels[(size_t{y} * img.width + x) * 3 + c])
+          __builtin_trap();
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const uint8_t> bytes(data, size);
@@ -39,20 +64,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         __builtin_trap();
       if (part.scale_eighths != scale || part.full_width != (uint64_t{part.image_width} * scale + 7) / 8)
         __builtin_trap();
-      if (s.ok() && scale == 8) {
-        if (part.full_width != img.width || part.full_height != img.height) __builtin_trap();
-        // The region, clipped (an empty or outside one: the whole image).
-        const bool whole = r.w == 0 || r.h == 0 || r.x >= img.width || r.y >= img.height;
-        const uint32_t x0 = whole ? 0 : r.x, y0 = whole ? 0 : r.y;
-        const uint32_t x1 = whole ? img.width : static_cast<uint32_t>(std::min<uint64_t>(img.width, uint64_t{r.x} + r.w));
-        const uint32_t y1 = whole ? img.height : static_cast<uint32_t>(std::min<uint64_t>(img.height, uint64_t{r.y} + r.h));
-        if (part.x > x0 || part.y > y0 || part.x + p.width < x1 || part.y + p.height < y1) __builtin_trap();
-        for (uint32_t y = y0; y < y1; ++y)
-          for (uint32_t x = x0; x < x1; ++x)
-            for (int c = 0; c < 3; ++c)
-              if (p.pixels[(size_t{y - part.y} * p.width + (x - part.x)) * 3 + c] !=
-                  img.pixels[(size_t{y} * img.width + x) * 3 + c])
-                __builtin_trap();
+      const uint8_t dri[2] = {0xFF, 0xDD};
+      if (s.ok() && scale == 8 && std::search(data, data + size, dri, dri + 2) == data + size) {
+        CheckRegion(r, part, img);
+      }
+    }
+    // With a restart marker at every row (pack_tool --jpeg-restarts), which
+    // keeps the coefficients the whole decode decoded: the region decode
+    // starts at a marker above the region, and equals the whole decode.
+    if (s.ok()) {
+      nl::Result<std::vector<uint8_t>> rows = nl::AddJpegRowRestarts(bytes);
+      nl::DecodedRegion cut;
+      if (rows.ok()) {
+        if (!nl::DecodeJpegRegionInto(*rows, limits, r, &cut).ok()) __builtin_trap();
+        CheckRegion(r, cut, img);
       }
     }
     // --decode fast's approximate decode (merged upsampling, no margin): the
