@@ -153,6 +153,7 @@ std::string ManifestToJson(const Manifest& m) {
       js["max_side"] = s.max_side;
       js["original_sizes"] = s.original_sizes;
     }
+    if (s.jpeg_restarts) js["jpeg_restarts"] = true;
     splits[name] = js;
   }
   j["splits"] = splits;
@@ -358,6 +359,8 @@ Result<SplitInfo> ReadSplit(const std::string& name, const json& js, const std::
     *field = "splits." + name + ".original_sizes";
     s.original_sizes = js.at("original_sizes").get<std::string>();
   }
+  *field = "splits." + name + ".jpeg_restarts";
+  s.jpeg_restarts = js.value("jpeg_restarts", false);
   NL_RETURN_IF_ERROR(CheckSplit(name, s).WithContext(where));
   return s;
 }

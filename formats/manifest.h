@@ -45,6 +45,9 @@ struct SplitInfo {
   // decodes it; readers that do not need it never do).
   uint32_t max_side = 0;
   std::string original_sizes;
+  // Packed with --jpeg-restarts: its JPEGs, kept ones too, restart at every
+  // row of MCUs (their pixels are the original files').
+  bool jpeg_restarts = false;
   uint64_t total_bytes() const;
 };
 

@@ -123,6 +123,47 @@ expect_rc 0 "--max-side with keep: resized images re-encoded in their own format
 expect_rc 0 "verify it" "$PT" verify "$W/imf_small_keep"
 expect_rc 0 "--encoding jpeg --max-side 16" "$PT" imagefolder "$W/imf" "$W/imf_jpeg" --encoding jpeg --max-side 16
 expect_rc 0 "verify it" "$PT" verify "$W/imf_jpeg"
+
+# --jpeg-restarts: every sequential JPEG stored (kept and re-encoded) has a
+# restart marker at each row of MCUs and still decodes to Pillow's pixels;
+# progressive ones and PNGs are the files' bytes; without it keep stores the
+# files' bytes.
+expect_rc 0 "pack with --jpeg-restarts" "$PT" imagefolder "$W/imf" "$W/imf_rst" --jpeg-restarts
+expect_rc 0 "verify it" "$PT" verify "$W/imf_rst"
+expect_rc 0 "--jpeg-restarts: pixels and order equal Pillow/torchvision" \
+  $PY "$HERE/check_against_pillow.py" "$PT" "$W/imf" "$W/imf_rst" "$W/exp_rst"
+expect_rc 0 "info names --jpeg-restarts" "$PT" info "$W/imf_rst"
+expect_out "packed with --jpeg-restarts" "info says how it was packed"
+expect_rc 0 "the records: restarts in every sequential JPEG with the flag, the files' bytes without" \
+  $PY - "$W/imf_packed/train/shard-00000" "$W/imf_rst/train/shard-00000" "$W/imf_rst/manifest.json" <<'PYEOF'
+import json, lmdb, sys
+def payloads(path):
+    with lmdb.open(path, readonly=True, lock=False, subdir=True) as env, env.begin() as t:
+        return [bytes(v[32:]) for _, v in t.cursor()]
+def restart_interval(jpg):  # DRI's value in the header, 0 when none
+    i = 2
+    while i + 4 <= len(jpg) and jpg[i] == 0xFF:
+        m, n = jpg[i + 1], int.from_bytes(jpg[i + 2:i + 4], "big")
+        if m == 0xDD: return int.from_bytes(jpg[i + 4:i + 6], "big")
+        if m == 0xDA: return 0
+        i += 2 + n
+    return 0
+kept, rst = payloads(sys.argv[1]), payloads(sys.argv[2])
+assert len(kept) == len(rst) > 0
+jpegs = 0
+for a, b in zip(kept, rst):
+    if not a.startswith(b"\xff\xd8"):
+        assert a == b, "a PNG changed"; continue
+    assert restart_interval(a) == 0, "the kept file already restarts?"
+    progressive = any(a[i] == 0xFF and a[i + 1] == 0xC2 for i in range(len(a) - 1))
+    if progressive:
+        assert a == b, "a progressive JPEG changed"; continue
+    assert restart_interval(b) > 0 and b.count(b"\xff\xd0") >= 1, "no restarts"
+    jpegs += 1
+assert jpegs >= 5, jpegs
+assert json.load(open(sys.argv[3]))["splits"]["train"]["jpeg_restarts"] is True
+print(f"{jpegs} sequential JPEGs restart at every row")
+PYEOF
 sed -i 's/"max_side": 12,/"max_side": 13,/' "$W/imf_small/manifest.json"
 expect_rc 1 "verify finds records that do not fit the manifest's max_side" "$PT" verify "$W/imf_small"
 expect_out "image is 12x9 but --max-side 13 of its original 23x17 \(manifest\) gives 13x10" "the problem names both sizes"

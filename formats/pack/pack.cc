@@ -105,6 +105,12 @@ Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, 
     enc = Encoding::kRaw;
     payload = img->pixels;
   }
+  if (enc == Encoding::kJpeg && o.jpeg_restarts) {
+    Result<std::vector<uint8_t>> with = AddJpegRowRestarts(payload);
+    if (!with.ok()) return with.status().WithContext(source.Describe(i));
+    encoded = std::move(*with);
+    payload = encoded;
+  }
   RecordHeader h;
   h.label = s.label;
   h.encoding = enc;
@@ -406,7 +412,9 @@ Result<SplitInfo> PackSplit(const SampleSource& source, const std::string& root,
   if (Status st = workers->StopAndJoin(); !st.ok()) {
     return st.WithContext("pack of split '" + split + "'");
   }
-  return builder.Finish();
+  NL_ASSIGN_OR_RETURN(SplitInfo info, builder.Finish());
+  info.jpeg_restarts = o.jpeg_restarts && (info.encoding == "jpeg" || info.encoding == "mixed");
+  return info;
 }
 
 std::string PackLockPath(const std::string& out) { return out + ".pack-lock"; }
