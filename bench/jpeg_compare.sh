@@ -5,12 +5,16 @@
 #   torchvision (ImageFolder + PIL + the transform + PILToTensor),
 #   PIL with draft() (DCT scaling), OpenCV full decode + crop + resize
 #   (FFCV's method), the full-size decode alone (cv2.imdecode: the floor of
-#   every full-decode loader), and ours (loader_bench, one thread),
+#   every full-decode loader), and ours (loader_bench, one thread), on the
+#   pack of the files as they are and on a pack made with --jpeg-restarts,
 # for the train transform (RandomResizedCrop 224 + flip) and the eval
 # transforms (Resize 256 + CenterCrop 224, Resize 224 + CenterCrop 224; ours
 # has the second only: its resize and crop share one size). Each process is
 # pinned to one core (taskset); the figures are images/s, the median of
-# --runs runs, the pipelines taking turns.
+# --runs runs, the pipelines taking turns. Every pipeline is timed after its
+# warm-up: the Python ones after their first batch (64 images), ours after
+# each of its batch buffers was filled once (loader_bench's
+# steady_images_per_s); ours timed from before its Open is printed too.
 #
 #   bench/jpeg_compare.sh [WORKDIR] [--images 2000] [--runs 3] [--measure 1000]
 set -euo pipefail
@@ -50,19 +54,24 @@ if [ ! -f "$work/photos.done" ] || [ "$(cat "$work/photos.done")" != "$images" ]
   "$B/pack_tool" imagefolder "$work/photos" "$work/packed" >/dev/null
   echo "$images" >"$work/photos.done"
 fi
-cat "$work"/packed/train/*/data.mdb >/dev/null
+# The same files with a restart marker at every row (--jpeg-restarts): a
+# crop's decode starts at the marker above it.
+if [ ! -f "$work/packed-restarts/manifest.json" ] || [ "$work/packed-restarts/manifest.json" -ot "$work/photos.done" ]; then
+  "$B/pack_tool" imagefolder "$work/photos" "$work/packed-restarts" --jpeg-restarts --force >/dev/null
+fi
+cat "$work"/packed/train/*/data.mdb "$work"/packed-restarts/train/*/data.mdb >/dev/null
 find "$work/photos" -type f -exec cat {} + >/dev/null
 core=$(($(nproc) > 1 ? 1 : 0))
 pin() { taskset -c "$core" "$@"; }
-batches=$(((measure + 63) / 64))
+batches=$(((measure + 63) / 64 + 4))  # + the warm-up: one batch per buffer (--prefetch 4)
 
-ours() {  # TRANSFORM [DECODE] -> images/s (DECODE: the transform's default, or exact)
+ours() {  # TRANSFORM DECODE PACK -> images/s (DECODE: "" for the transform's default, or exact)
   local flags=(--resize shorter-crop)
   [ "$1" = train ] && flags=(--augment --random-resized-crop)
-  [ -n "${2:-}" ] && flags+=(--decode "$2")
-  pin "$B/loader_bench" --data "$work/packed" --ranks 1 --threads-per-rank 1 --bind off --image-size 224 \
+  [ -n "$2" ] && flags+=(--decode "$2")
+  pin "$B/loader_bench" --data "$work/$3" --ranks 1 --threads-per-rank 1 --bind off --image-size 224 \
     "${flags[@]}" --epochs 1000 --max-batches "$batches" --json 2>"$work/err" |
-    $PY -c "import json,sys; print('%.0f' % json.loads(sys.stdin.read())['ranks'][0]['images_per_s'])" ||
+    $PY -c "import json,sys; r = json.loads(sys.stdin.read())['ranks'][0]; print('%.0f %.0f' % (r['steady_images_per_s'], r['images_per_s']))" ||
     { echo "error: $(tail -1 "$work/err")"; }
 }
 theirs() {  # PIPELINE TRANSFORM -> images/s
@@ -72,9 +81,10 @@ theirs() {  # PIPELINE TRANSFORM -> images/s
 }
 
 rows=("train|torchvision" "train|pil-draft" "train|opencv" "train|decode-only" "train|ours" "train|ours-exact"
+  "train|ours-restarts" "train|ours-exact-restarts"
   "eval256|torchvision" "eval256|pil-draft" "eval256|opencv"
-  "eval|torchvision" "eval|pil-draft" "eval|opencv" "eval|ours")
-declare -A got
+  "eval|torchvision" "eval|pil-draft" "eval|opencv" "eval|ours" "eval|ours-restarts")
+declare -A got from_open
 for ((r = 1; r <= runs; r++)); do
   # Every other run goes through the rows backwards, so a pipeline does not
   # always run right after the same neighbour (in one run, ours --decode
@@ -84,10 +94,16 @@ for ((r = 1; r <= runs; r++)); do
     if ((r % 2)); then row=${rows[$k]}; else row=${rows[$((n - 1 - k))]}; fi
     tf=${row%%|*} pl=${row#*|}
     case $pl in
-      ours) v=$(ours "$tf") ;;
-      ours-exact) v=$(ours "$tf" exact) ;;
+      ours) v=$(ours "$tf" "" packed) ;;
+      ours-exact) v=$(ours "$tf" exact packed) ;;
+      ours-restarts) v=$(ours "$tf" "" packed-restarts) ;;
+      ours-exact-restarts) v=$(ours "$tf" exact packed-restarts) ;;
       *) v=$(theirs "$pl" "$tf") ;;
     esac
+    if [[ $pl == ours* && $v =~ ^([0-9]+)\ ([0-9]+)$ ]]; then
+      v=${BASH_REMATCH[1]}
+      from_open[$row]+="${BASH_REMATCH[2]} "
+    fi
     got[$row]+="$v "
   done
 done
@@ -107,15 +123,25 @@ for row in "${rows[@]}"; do
   echo "| $label | ${row#*|} | ${med[$row]} | ${got[$row]% } |"
 done
 echo
-$PY - "${med[train|ours]}" "${med[train|decode-only]}" "${med[train|torchvision]}" "${med[eval|ours]}" "${med[eval|torchvision]}" "${med[train|ours-exact]}" <<'PYEOF'
+for row in "${rows[@]}"; do
+  if [ -n "${from_open[$row]:-}" ]; then
+    echo "${row#*|} ${row%%|*}, timed from before its Open (start-up and warm-up included): median $(echo "${from_open[$row]}" | median) img/s [${from_open[$row]% }]"
+  fi
+done
+echo
+echo "pack: $(du -sm "$work/packed/train" | cut -f1) MB as the files are; $(du -sm "$work/packed-restarts/train" | cut -f1) MB with --jpeg-restarts"
+$PY - "${med[train|ours]}" "${med[train|decode-only]}" "${med[train|torchvision]}" "${med[eval|ours]}" "${med[eval|torchvision]}" \
+  "${med[train|ours-exact]}" "${med[train|ours-restarts]}" "${med[train|ours-exact-restarts]}" "${med[eval|ours-restarts]}" <<'PYEOF'
 import sys
 def f(x):
     try: return float(x)
     except ValueError: return float("nan")
-o, d, t, oe, te, ox = map(f, sys.argv[1:])
+o, d, t, oe, te, ox, orr, oxr, oer = map(f, sys.argv[1:])
 print("train, ours (--decode fast, the default): %.2fx the full-size decode alone, %.2fx torchvision" % (o / d, o / t))
 print("train, ours --decode exact: %.2fx the full-size decode alone, %.2fx torchvision" % (ox / d, ox / t))
 print("eval (Resize 224 + CenterCrop 224), ours: %.2fx torchvision" % (oe / te))
+print("packed with --jpeg-restarts: train fast %.2fx the decode alone, %.2fx torchvision; train exact %.2fx, %.2fx; "
+      "eval %.2fx torchvision" % (orr / d, orr / t, oxr / d, oxr / t, oer / te))
 PYEOF
 # How far fast is from exact: the train transform's first 200 samples of
 # epoch 0, `loader preview` both ways.

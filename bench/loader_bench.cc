@@ -147,6 +147,9 @@ nl::BindReport BindRank(const nl::Topology& topo, const nl::RankPlan& plan, int 
 struct Loaded {
   std::vector<double> waits;
   uint64_t images = 0;
+  uint64_t warmup_images = 0;  // in the first `warmup` batches
+  size_t warmup = 1;            // batches of the warm-up
+  Clock::time_point warm;       // when the warm-up's last batch arrived
   std::map<uint64_t, std::vector<int64_t>> epoch_indices;
 };
 
@@ -158,8 +161,13 @@ std::string LoadAll(const Args& a, nl::Pipeline& p, Loaded* out) {
     if (!b.ok()) {
       return b.status().code() == nl::StatusCode::kOutOfRange ? "" : b.status().ToString();
     }
-    out->waits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+    const auto w1 = Clock::now();
+    out->waits.push_back(std::chrono::duration<double, std::milli>(w1 - w0).count());
     out->images += b->size;
+    if (out->waits.size() == out->warmup) {
+      out->warm = w1;
+      out->warmup_images = out->images;
+    }
     if (!a.record_indices.empty()) {
       auto& v = out->epoch_indices[b->epoch];
       v.insert(v.end(), b->indices, b->indices + b->size);
@@ -207,8 +215,11 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   }
   std::fprintf(stderr, "loader_bench: rank %d: %s\n", rank, (*p)->read_plan().summary.c_str());
   Loaded got;
+  got.warmup = std::max<size_t>(1, c.prefetch);
+  const double open_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (const std::string error = LoadAll(a, **p, &got); !error.empty()) r["error"] = error;
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t1 = Clock::now();
+  const double secs = std::chrono::duration<double>(t1 - t0).count();
   const double cpu = CpuSeconds() - cpu0;
   const nl::PipelineStats st = (*p)->Stats();
   const auto [anon, file] = Rss();
@@ -220,6 +231,21 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   r["seconds"] = secs;
   r["images_per_s"] = secs > 0 ? got.images / secs : 0;
   r["mb_per_s"] = secs > 0 ? bytes / secs / 1e6 : 0;
+  // Start-up, and the rate after the warm-up: the first batch of each
+  // buffer is slower (its pages are faulted in on first write; 40 ms more a
+  // batch on this VM). steady_images_per_s counts the images after the
+  // warm-up's last batch arrived, as the Python baselines start their clocks
+  // after their first batch.
+  r["open_s"] = open_s;
+  if (!got.waits.empty()) {
+    r["first_batch_s"] = got.waits.front() / 1e3 + open_s;
+  }
+  r["warmup_batches"] = got.warmup;
+  if (got.waits.size() > got.warmup) {
+    const double after = std::chrono::duration<double>(t1 - got.warm).count();
+    r["steady_images_per_s"] =
+        after > 0 ? static_cast<double>(got.images - got.warmup_images) / after : 0;
+  }
   r["wait_ms_mean"] = Mean(got.waits);
   r["wait_ms_p95"] = Percentile(sorted, 95);
   r["cpu_us_per_image"] = got.images ? cpu / got.images * 1e6 : 0;
@@ -790,6 +816,12 @@ void PrintTable(const Args& a, const json& all) {
                   Cell(j, "consumer_us_p99", "%.1f").c_str());
     }
     std::printf("\n");
+    if (j.contains("steady_images_per_s") && j["steady_images_per_s"].is_number()) {
+      std::printf("     after its first %d batches (one per buffer, the warm-up): %.0f images/s; open "
+                  "%.3f s, first batch at %.3f s\n",
+                  j.value("warmup_batches", 0), j.value("steady_images_per_s", 0.0), j.value("open_s", 0.0),
+                  j.value("first_batch_s", 0.0));
+    }
   }
   std::printf("total %.0f images/s (%d rank%s, %dx%d, batch %u)\n",
               all["total_images_per_s"].get<double>(), a.ranks, a.ranks == 1 ? "" : "s",

@@ -21,6 +21,9 @@ for r in j["ranks"]:
     assert r["images"] == 151 * 2, r["images"]  # ceil(301 / 2) per epoch
     for k in ("images_per_s", "wait_ms_mean", "wait_ms_p95", "cpu_us_per_image", "cores_used", "mb_per_s"):
         assert r[k] >= 0, k
+    # Start-up and the rate after the warm-up (one batch per buffer, --prefetch's 4).
+    assert 0 <= r["open_s"] <= r["first_batch_s"] <= r["seconds"], r
+    assert r["warmup_batches"] == 4 and r["steady_images_per_s"] > 0, r
 assert j["total_images_per_s"] > 0
 PYEOF
 expect_rc 0 "recorded indices: each epoch covers every sample once (one padded)" $PY - "$W/idx.jsonl" <<'PYEOF'
