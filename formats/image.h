@@ -132,8 +132,10 @@ Result<std::vector<uint8_t>> EncodeJpeg(std::span<const uint8_t> pixels, uint32_
 // Huffman tables are optimised and the markers (APPn, COM) copied. A
 // progressive or arithmetic-coded JPEG comes back unchanged (its scans
 // cannot be cut by row), as does one that already restarts at every row.
-// Corruption as the decoders', for a file libjpeg cannot read whole.
-Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes);
+// Corruption as the decoders', for a file libjpeg cannot read whole;
+// ResourceExhausted over the pixel limit (its coefficients are held whole).
+Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes,
+                                                const DecodeLimits& limits = {});
 
 // Encodes RGB as an 8-bit, non-interlaced PNG (zlib level 0-9).
 Result<std::vector<uint8_t>> EncodePng(const Image& img, int compression_level = 6);

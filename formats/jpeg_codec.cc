@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <jpeglib.h>
 #include <jerror.h>
+// For the entropy decoder's method table (FastRestartMcu).
+#include <jpegint.h>
 
 #include <algorithm>
 #include <csetjmp>
@@ -134,8 +136,13 @@ struct JpegDecoder {
   std::vector<JSAMPROW> rows;
   std::vector<uint8_t> cut_header;  // the header of a cut (CutAbove)
   CutSource cut;
+  // Restarts on the fast Huffman path (FastRestartMcu): the scan's restart
+  // interval, the MCUs decoded, and libjpeg's own decode_mcu.
+  uint64_t interval = 0, mcu = 0;
+  boolean (*decode_mcu)(j_decompress_ptr, JBLOCKROW*) = nullptr;
   bool header_done = false;
   JpegDecoder() {
+    cinfo.client_data = this;
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = OnJpegError;
     err.pub.emit_message = OnJpegMessage;
@@ -148,6 +155,44 @@ struct JpegDecoder {
   JpegDecoder& operator=(const JpegDecoder&) = delete;
 };
 
+
+// libjpeg-turbo decodes every MCU of a scan that has restart markers on its
+// slow Huffman path (its decode_mcu sets usefast = 0 whenever
+// restart_interval is set): a row-restarted file (--jpeg-restarts) lost to
+// that what its cut saved. So the entropy decoder is told of a restart
+// interval of 1 at the first MCU of each of the file's intervals (it reads
+// the marker there, checks its number and resets the DC predictions, as for
+// any restart, and counts that interval down to 0 after the MCU) and of
+// none at the others, which go on its fast path (an MCU that runs into the
+// next marker is handed back to the slow path, as at the end of any scan).
+// The coefficients are the same; only the path differs.
+extern "C" boolean FastRestartMcu(j_decompress_ptr c, JBLOCKROW* data) {
+  auto* d = static_cast<JpegDecoder*>(c->client_data);
+  c->restart_interval = d->mcu % d->interval == 0 ? 1 : 0;
+  const boolean ok = d->decode_mcu(c, data);
+  if (ok) ++d->mcu;
+  return ok;
+}
+
+// Before jpeg_start_decompress: a single sequential Huffman scan with
+// restarts is started with an interval of 1 (so that the first MCU counts
+// its interval down to 0, see FastRestartMcu).
+void PrepareFastRestarts(JpegDecoder* d) {
+  jpeg_decompress_struct& c = d->cinfo;
+  d->interval = 0;
+  if (c.progressive_mode || c.arith_code || c.restart_interval == 0 || c.comps_in_scan != c.num_components) {
+    return;
+  }
+  d->interval = c.restart_interval;
+  d->mcu = 0;
+  c.restart_interval = 1;
+}
+// After jpeg_start_decompress, which made the entropy decoder.
+void InstallFastRestarts(JpegDecoder* d) {
+  if (d->interval == 0) return;
+  d->decode_mcu = d->cinfo.entropy->decode_mcu;
+  d->cinfo.entropy->decode_mcu = FastRestartMcu;
+}
 
 // Pillow opens 4-component JPEGs as CMYK with Adobe's inverted convention
 // ("CMYK;I") and converts CMYK -> RGB as R = (255-K) - (C*(255-K))/255,
@@ -385,7 +430,9 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
     SetOutput(&c, cmyk, scale_eighths, approximate);
     p.y -= cut;
   }
+  PrepareFastRestarts(d);
   jpeg_start_decompress(&c);
+  InstallFastRestarts(d);
   const int comps = cmyk ? 4 : 3;
   const uint64_t sw = (uint64_t{w} * static_cast<unsigned>(scale_eighths) + 7) / 8;
   const uint64_t sh = (uint64_t{h} * static_cast<unsigned>(scale_eighths) + 7) / 8;
@@ -475,19 +522,23 @@ bool WrittenByEncoder(const jpeg_compress_struct& cc, jpeg_saved_marker_ptr m) {
          (cc.write_Adobe_marker && m->marker == JPEG_APP0 + 14 && starts("Adobe", 5));
 }
 
-// Under setjmp, as DecodeUnderJump. False when the file is left as it is.
-bool TranscodeUnderJump(Transcoder* t, std::span<const uint8_t> bytes) {
+enum class Transcoded { kDone, kAsItIs, kTooLarge };
+
+// Under setjmp, as DecodeUnderJump.
+Transcoded TranscodeUnderJump(Transcoder* t, std::span<const uint8_t> bytes, const DecodeLimits& limits) {
   jpeg_decompress_struct& c = t->d.cinfo;
   jpeg_mem_src(&c, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_save_markers(&c, JPEG_COM, 0xFFFF);
   for (int k = 0; k < 16; ++k) jpeg_save_markers(&c, JPEG_APP0 + k, 0xFFFF);
   if (jpeg_read_header(&c, TRUE) != JPEG_HEADER_OK) ERREXIT(&c, JERR_NO_IMAGE);
   t->d.header_done = true;
+  // (Its coefficients are read whole: the pixel limit first, as a decode's.)
+  if (uint64_t{c.image_width} * c.image_height > limits.max_pixels) return Transcoded::kTooLarge;
   const uint64_t mcu_w = 8u * static_cast<unsigned>(c.max_h_samp_factor);
   const uint64_t per_row = (c.image_width + mcu_w - 1) / mcu_w;
   if (c.progressive_mode || c.arith_code ||
       (c.restart_interval != 0 && per_row % c.restart_interval == 0)) {
-    return false;
+    return Transcoded::kAsItIs;
   }
   jvirt_barray_ptr* coefs = jpeg_read_coefficients(&c);
   t->cc.err = c.err;
@@ -503,12 +554,12 @@ bool TranscodeUnderJump(Transcoder* t, std::span<const uint8_t> bytes) {
   }
   jpeg_finish_compress(&t->cc);
   jpeg_finish_decompress(&c);
-  return true;
+  return Transcoded::kDone;
 }
 
 }  // namespace
 
-Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes) {
+Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
   if (bytes.size() < 3 || bytes[0] != 0xFF || bytes[1] != 0xD8 || bytes[2] != 0xFF) {
     return Status::Corruption("not a JPEG file (it does not start with FF D8 FF)");
   }
@@ -517,7 +568,14 @@ Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes) 
     return Status::Corruption(std::string(t->d.header_done ? "corrupt JPEG: " : "corrupt JPEG: not a valid JPEG header: ") +
                               "libjpeg: " + t->d.err.message);
   }
-  if (!TranscodeUnderJump(t.get(), bytes)) return std::vector<uint8_t>(bytes.begin(), bytes.end());
+  const Transcoded done = TranscodeUnderJump(t.get(), bytes, limits);
+  if (done == Transcoded::kTooLarge) {
+    const jpeg_decompress_struct& c = t->d.cinfo;
+    return Status::ResourceExhausted("JPEG of " + std::to_string(c.image_width) + "x" +
+                                     std::to_string(c.image_height) + " pixels exceeds the limit of " +
+                                     std::to_string(limits.max_pixels) + " pixels");
+  }
+  if (done == Transcoded::kAsItIs) return std::vector<uint8_t>(bytes.begin(), bytes.end());
   if (t->d.err.truncated) {
     return Status::Corruption("truncated JPEG: its data ends before the end marker (libjpeg: Premature end of JPEG file)");
   }

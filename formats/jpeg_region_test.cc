@@ -1,5 +1,6 @@
 // Region decode (DecodeJpegRegionInto): its pixels are the full decode's,
 // for every sampling, colour space and coding a photograph arrives in.
+#include <csetjmp>
 #include <cstdio>
 #include <jpeglib.h>
 
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
@@ -272,6 +274,82 @@ TEST(JpegRegionDecode, SkipsTheRowsAboveARestartMarker) {
   }
 }
 
+// libjpeg's own decode, through none of ours (its fast Huffman path is not
+// used where the scan has restart markers): RGB, or false on an error.
+struct RefDecoder {
+  jpeg_decompress_struct c;
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+};
+void RefError(j_common_ptr c) { std::longjmp(static_cast<RefDecoder*>(c->client_data)->jump, 1); }
+void RefMessage(j_common_ptr, int) {}
+bool LibjpegDecode(const std::vector<uint8_t>& jpg, std::vector<uint8_t>* px) {
+  const std::unique_ptr<RefDecoder> d = std::make_unique<RefDecoder>();
+  d->c.err = jpeg_std_error(&d->pub);
+  d->pub.error_exit = RefError;
+  d->pub.emit_message = RefMessage;
+  jpeg_create_decompress(&d->c);
+  d->c.client_data = d.get();
+  if (setjmp(d->jump)) {
+    jpeg_destroy_decompress(&d->c);
+    return false;
+  }
+  jpeg_mem_src(&d->c, jpg.data(), static_cast<unsigned long>(jpg.size()));
+  jpeg_read_header(&d->c, TRUE);
+  d->c.out_color_space = JCS_EXT_RGB;
+  jpeg_start_decompress(&d->c);
+  px->resize(size_t{d->c.output_width} * d->c.output_height * 3);
+  while (d->c.output_scanline < d->c.output_height) {
+    JSAMPROW row = px->data() + size_t{d->c.output_scanline} * d->c.output_width * 3;
+    jpeg_read_scanlines(&d->c, &row, 1);
+  }
+  jpeg_finish_decompress(&d->c);
+  jpeg_destroy_decompress(&d->c);
+  return true;
+}
+
+// Scans with restart markers decode on libjpeg-turbo's fast Huffman path
+// (FastRestartMcu): every pixel as libjpeg's own decode gives, for restarts
+// at rows and every few MCUs, and for damage it decodes around (scrambled
+// data, a marker renumbered, removed, or one too many); where libjpeg fails,
+// ours does.
+TEST(JpegRestarts, DecodeAsLibjpegDoes) {
+  const std::vector<Coding> codings = {
+      {"rows420", 3, 2, 2, false, 1}, {"rows444", 3, 1, 1, false, 2}, {"every1_422", 3, 2, 1, false, 0, 1},
+      {"every3_420", 3, 2, 2, false, 0, 3}, {"every7_440", 3, 1, 2, false, 0, 7}, {"every5_gray", 1, 1, 1, false, 0, 5}};
+  for (const Coding& k : codings) {
+    for (const auto& [w, h] : {std::pair{203, 157}, std::pair{64, 72}}) {
+      const std::vector<uint8_t> jpg = Encode(Picture(w, h, k.components, 17), w, h, k);
+      std::vector<std::vector<uint8_t>> files = {jpg};
+      const auto [b, e] = Interval(jpg, 2);
+      ASSERT_GT(e, b) << k.name;
+      std::vector<uint8_t> f = jpg;  // interval 2 scrambled (no FF bytes)
+      for (size_t i = b; i < e; ++i) f[i] = static_cast<uint8_t>((f[i] * 7 + 3) & 0x7F);
+      files.push_back(f);
+      f = jpg;  // marker 2 renumbered
+      f[b - 1] = static_cast<uint8_t>(0xD0 + ((f[b - 1] - 0xD0 + 3) & 7));
+      files.push_back(f);
+      f = jpg;  // marker 2 removed
+      f.erase(f.begin() + static_cast<long>(b) - 2, f.begin() + static_cast<long>(b));
+      files.push_back(f);
+      f = jpg;  // a marker inside interval 2
+      const std::vector<uint8_t> rst = {0xFF, 0xD5};
+      f.insert(f.begin() + static_cast<long>((b + e) / 2), rst.begin(), rst.end());
+      files.push_back(f);
+      for (size_t n = 0; n < files.size(); ++n) {
+        const std::string what = k.name + " " + std::to_string(w) + "x" + std::to_string(h) + " file " + std::to_string(n);
+        std::vector<uint8_t> want;
+        const bool ref_ok = LibjpegDecode(files[n], &want);
+        Result<Image> got = DecodeImage(files[n]);
+        ASSERT_EQ(got.ok(), ref_ok) << what << ": " << got.status().ToString();
+        if (ref_ok) {
+          EXPECT_TRUE(got->pixels == want) << what << ": pixels differ from libjpeg's";
+        }
+      }
+    }
+  }
+}
+
 // AddJpegRowRestarts keeps the file's markers (EXIF, ICC, comments) and
 // sampling, is idempotent, and refuses what is not a whole JPEG.
 TEST(JpegRowRestarts, KeepsMarkersAndRefusesDamage) {
@@ -311,6 +389,8 @@ TEST(JpegRowRestarts, KeepsMarkersAndRefusesDamage) {
   EXPECT_EQ(st.code(), StatusCode::kCorruption);
   EXPECT_NE(st.message().find("truncated JPEG"), std::string::npos) << st.ToString();
   EXPECT_EQ(AddJpegRowRestarts(std::vector<uint8_t>{0x89, 'P', 'N', 'G'}).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(AddJpegRowRestarts(jpg, {.max_pixels = 75 * 50 - 1}).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(AddJpegRowRestarts(jpg, {.max_pixels = 75 * 50}).ok());
   EXPECT_EQ(AddJpegRowRestarts(std::vector<uint8_t>(jpg.begin(), jpg.begin() + 30)).status().code(),
             StatusCode::kCorruption);
 }

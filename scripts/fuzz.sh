@@ -21,7 +21,7 @@ fi
 
 scripts/install-deps.sh
 need=()
-for p in clang libclang-rt-14-dev; do
+for p in clang libclang-rt-14-dev libjpeg-turbo-progs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -106,7 +106,7 @@ Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, 
     payload = img->pixels;
   }
   if (enc == Encoding::kJpeg && o.jpeg_restarts) {
-    Result<std::vector<uint8_t>> with = AddJpegRowRestarts(payload);
+    Result<std::vector<uint8_t>> with = AddJpegRowRestarts(payload, o.limits);
     if (!with.ok()) return with.status().WithContext(source.Describe(i));
     encoded = std::move(*with);
     payload = encoded;

@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // keeps the coefficients the whole decode decoded: the region decode
     // starts at a marker above the region, and equals the whole decode.
     if (s.ok()) {
-      nl::Result<std::vector<uint8_t>> rows = nl::AddJpegRowRestarts(bytes);
+      nl::Result<std::vector<uint8_t>> rows = nl::AddJpegRowRestarts(bytes, limits);
       nl::DecodedRegion cut;
       if (rows.ok()) {
         if (!nl::DecodeJpegRegionInto(*rows, limits, r, &cut).ok()) __builtin_trap();

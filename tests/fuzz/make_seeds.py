@@ -2,7 +2,7 @@
 
 Usage: make_seeds.py OUT_DIR   (writes OUT_DIR/<target>/seed-*)
 """
-import base64, io, json, os, struct, sys, tarfile, tempfile
+import base64, io, json, os, struct, subprocess, sys, tarfile, tempfile
 import lmdb
 import numpy as np
 from PIL import Image
@@ -43,6 +43,15 @@ pngs = {"rgb": saved(image("RGB", 9, 7), "PNG"), "gray": saved(image("L", 5, 4),
 jpegs = {"420": saved(image("RGB", 17, 9), "JPEG", quality=80), "444": saved(image("RGB", 8, 8), "JPEG", subsampling=0),
          "gray": saved(image("L", 8, 8), "JPEG"), "progressive": saved(image("RGB", 16, 16), "JPEG", progressive=True),
          "cmyk": saved(image("CMYK", 8, 8), "JPEG")}
+# With restart markers (libjpeg-turbo-progs' jpegtran, which fuzz.sh
+# installs): at every row of MCUs, and every 2 MCUs across rows.
+for name, src, every in (("420_rows", "420", "1"), ("420_every2", "420", "2B"), ("444_rows", "444", "1")):
+    with tempfile.NamedTemporaryFile(suffix=".jpg") as f:
+        f.write(jpegs[src])
+        f.flush()
+        jpegs[name] = subprocess.run(["jpegtran", "-restart", every, f.name], check=True,
+                                     capture_output=True).stdout
+    assert b"\xff\xdd" in jpegs[name], name
 for k, v in pngs.items():
     put("png_fuzz", k, v)
 for k, v in jpegs.items():
