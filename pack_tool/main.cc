@@ -373,6 +373,11 @@ int RunPack(const Flags& f, bool cifar) {
     return Fail(nl::Status::InvalidArgument(
         "--encoding keep needs image files; CIFAR-100 takes raw, png or jpeg"));
   }
+  if (opts.jpeg_restarts && (opts.encoding == nl::PackEncoding::kRaw || opts.encoding == nl::PackEncoding::kPng)) {
+    return Fail(nl::Status::InvalidArgument("--jpeg-restarts rewrites the JPEGs stored, and --encoding " +
+                                            std::string(cifar ? f.cifar_encoding : f.imf_encoding) +
+                                            " stores none: use --encoding keep or jpeg"));
+  }
   const nl::CifarLabel which = f.label == "fine" ? nl::CifarLabel::kFine : nl::CifarLabel::kCoarse;
   nl::Result<nl::PackSummary> r = cifar ? nl::PackCifar100(f.src, f.out, which, opts)
                                         : nl::PackImageFolder(f.src, f.out, f.split, opts);

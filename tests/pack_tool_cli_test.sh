@@ -132,6 +132,8 @@ expect_rc 0 "pack with --jpeg-restarts" "$PT" imagefolder "$W/imf" "$W/imf_rst" 
 expect_rc 0 "verify it" "$PT" verify "$W/imf_rst"
 expect_rc 0 "--jpeg-restarts: pixels and order equal Pillow/torchvision" \
   $PY "$HERE/check_against_pillow.py" "$PT" "$W/imf" "$W/imf_rst" "$W/exp_rst"
+expect_rc 1 "--jpeg-restarts with --encoding png refused" "$PT" imagefolder "$W/imf" "$W/imf_rst_png" --jpeg-restarts --encoding png
+expect_out "--jpeg-restarts rewrites the JPEGs stored, and --encoding png stores none" "the refusal says why"
 expect_rc 0 "info names --jpeg-restarts" "$PT" info "$W/imf_rst"
 expect_out "packed with --jpeg-restarts" "info says how it was packed"
 expect_rc 0 "the records: restarts in every sequential JPEG with the flag, the files' bytes without" \
