@@ -77,7 +77,10 @@ extern "C" void OnJpegProgress(j_common_ptr c) {
 // expects them numbered from 0, is told they are in order (resync).
 struct CutSource {
   jpeg_source_mgr pub;
-  std::span<const uint8_t> pieces[2];
+  // The header up to its frame height, the height, the rest of the header,
+  // the data after the marker.
+  std::span<const uint8_t> pieces[4];
+  uint8_t height[2] = {0, 0};
   int next = 0;
   int shift = 0;
 };
@@ -89,7 +92,7 @@ extern "C" void CutInit(j_decompress_ptr c) {
 }
 extern "C" boolean CutFill(j_decompress_ptr c) {
   auto* s = reinterpret_cast<CutSource*>(c->src);
-  while (s->next < 2) {
+  while (s->next < 4) {
     const std::span<const uint8_t> p = s->pieces[s->next++];
     if (p.empty()) continue;
     s->pub.next_input_byte = p.data();
@@ -134,7 +137,6 @@ struct JpegDecoder {
   jpeg_progress_mgr progress;
   std::vector<uint8_t> cmyk;
   std::vector<JSAMPROW> rows;
-  std::vector<uint8_t> cut_header;  // the header of a cut (CutAbove)
   CutSource cut;
   // Restarts on the fast Huffman path (FastRestartMcu): the scan's restart
   // interval, the MCUs decoded, and libjpeg's own decode_mcu.
@@ -320,16 +322,17 @@ uint32_t CutAbove(JpegDecoder* d, std::span<const uint8_t> bytes, const PixelRec
     return 0;
   }
   const uint64_t rows = c.image_height - r0 * mcu_h;
-  d->cut_header.assign(bytes.data(), data);
-  d->cut_header[at] = static_cast<uint8_t>(rows >> 8);
-  d->cut_header[at + 1] = static_cast<uint8_t>(rows & 0xFF);
+  d->cut.height[0] = static_cast<uint8_t>(rows >> 8);
+  d->cut.height[1] = static_cast<uint8_t>(rows & 0xFF);
   d->cut.pub.init_source = CutInit;
   d->cut.pub.fill_input_buffer = CutFill;
   d->cut.pub.skip_input_data = CutSkip;
   d->cut.pub.resync_to_restart = CutResync;
   d->cut.pub.term_source = CutTerm;
-  d->cut.pieces[0] = d->cut_header;
-  d->cut.pieces[1] = std::span<const uint8_t>(tail, end);
+  d->cut.pieces[0] = bytes.first(at);
+  d->cut.pieces[1] = d->cut.height;
+  d->cut.pieces[2] = std::span<const uint8_t>(bytes.data() + at + 2, data);
+  d->cut.pieces[3] = std::span<const uint8_t>(tail, end);
   d->cut.shift = static_cast<int>(k0 & 7);
   jpeg_abort_decompress(&c);
   c.src = &d->cut.pub;
