@@ -324,8 +324,9 @@ struct Pipeline::Impl {
     WorkerStats& ws = *wstats[id];
     const uint32_t bsz = c.batch_size;
     // This worker's copy of the current epoch's list: the shared cache (and
-    // its lock) is consulted only when the epoch changes.
-    uint64_t list_epoch = UINT64_MAX;
+    // its lock) is consulted only when the epoch changes. (Every epoch number
+    // is valid, 2^64 - 1 too: no number stands for "none yet".)
+    uint64_t list_epoch = 0;
     std::shared_ptr<const std::vector<uint64_t>> list;
     while (!stop.load(std::memory_order_relaxed)) {
       const uint64_t s = next_sample.fetch_add(1, std::memory_order_relaxed);
@@ -343,7 +344,7 @@ struct Pipeline::Impl {
         if (stop.load()) return Status::Ok();
       }
       const auto [epoch, b] = EpochBatch(g);
-      if (epoch != list_epoch) {
+      if (list == nullptr || epoch != list_epoch) {
         list = EpochList(epoch);
         list_epoch = epoch;
       }
@@ -503,7 +504,19 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
     return Status::InvalidArgument(std::to_string(config.epochs) + " epochs of " +
                                    std::to_string(m.bpe) + " batches overflow the batch count");
   }
-  m.total = config.epochs ? config.epochs * m.bpe - config.start_batch : 0;
+  // Epoch numbers end at 2^64 - 1: a run never wraps to epoch 0. Without an
+  // epoch count it ends after that epoch (where the batch count can hold
+  // the run; else it is longer than any run lasts).
+  const uint64_t last_epochs = UINT64_MAX - config.start_epoch;  // epochs after the first
+  if (config.epochs && config.epochs - 1 > last_epochs) {
+    return Status::InvalidArgument(std::to_string(config.epochs) + " epochs from epoch " +
+                                   std::to_string(config.start_epoch) +
+                                   " go past the last epoch number, 2^64 - 1");
+  }
+  const uint64_t epochs = config.epochs ? config.epochs
+                          : last_epochs < UINT64_MAX / m.bpe ? last_epochs + 1
+                                                              : 0;
+  m.total = epochs ? epochs * m.bpe - config.start_batch : 0;
   m.sample_bytes = SampleTransform(m.c.transform).SampleBytes();
   m.depth = config.prefetch;
   if (!config.buffers) {

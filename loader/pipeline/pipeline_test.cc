@@ -808,5 +808,34 @@ TEST(PipelineContract, EpochCountsThatOverflowAreRefused) {
   EXPECT_NE(s.message().find("overflow the batch count"), std::string::npos) << s.message();
 }
 
+// The last epoch number, 2^64 - 1 (a consumer's seek can ask for it): its
+// batches, then the end of the run, never epoch 0 again; an epoch count
+// that would pass it is refused.
+TEST(PipelineContract, TheLastEpochNumberEndsTheRunInsteadOfWrapping) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 40);  // 3 batches of 16 an epoch
+  PipelineConfig c = Config(dir, 2);
+  c.start_epoch = UINT64_MAX;
+  c.start_batch = 1;
+  c.epochs = 0;  // no count: until the numbers end
+  auto p = Pipeline::Open(c);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::vector<Got> got = Drain(**p, 10);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].epoch, UINT64_MAX);
+  EXPECT_EQ(got[0].batch, 1u);
+  EXPECT_EQ(got[1].batch, 2u);
+  c.start_epoch = UINT64_MAX - 1;
+  c.start_batch = 0;
+  c.epochs = 3;
+  const Status s = Pipeline::Open(c).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("go past the last epoch number"), std::string::npos) << s.message();
+  c.epochs = 2;
+  auto two = Pipeline::Open(c);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(Drain(**two, 10).size(), 6u);
+}
+
 }  // namespace
 }  // namespace nl
