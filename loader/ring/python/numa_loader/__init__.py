@@ -47,6 +47,7 @@ it. One Client is used by one thread at a time.
 """
 
 import ctypes
+import operator
 import os
 import threading
 import time
@@ -374,6 +375,21 @@ class Batch:
             ", released" if self._released else "")
 
 
+def _whole(name, value, hi):
+    """`value` as an int in 0 .. hi: a TypeError for what is not a whole number
+    (a float, a bool, a string), a ValueError outside the range (ctypes would
+    cut 2**32 to 0 and 1.7 to 1 without a word)."""
+    if isinstance(value, bool):
+        raise TypeError("%s must be a whole number, not %r" % (name, value))
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be a whole number, not %r" % (name, value)) from None
+    if not 0 <= v <= hi:
+        raise ValueError("%s %d is outside 0 .. %d" % (name, v, hi))
+    return v
+
+
 class Client:
     """The consumer of rank `rank` of job `job_id` (see the module docstring).
 
@@ -387,7 +403,12 @@ class Client:
         self._held = None
         self._lib = _load()
         self.job_id = str(job_id)
-        self.rank = int(rank)
+        if "\0" in self.job_id:
+            raise ValueError("job id %r holds a NUL character" % self.job_id)
+        self.rank = _whole("rank", rank, 2**31 - 1)
+        # The process that attached: a forked child shares the parent's ring and
+        # connection, and must neither take its batches nor say goodbye for it.
+        self._pid = os.getpid()
         self.timeout_s = -1.0 if timeout_s is None else float(timeout_s)
         attach_s = self.timeout_s if attach_timeout_s is None else float(attach_timeout_s)
         rc, handle, text = _attach(self._lib, self.job_id.encode(), self.rank, attach_s)
@@ -431,8 +452,7 @@ class Client:
     def seek(self, epoch, batch=0):
         """The next batch is (epoch, batch); releases the held batch first."""
         self._check_open()
-        if epoch < 0 or batch < 0:
-            raise ValueError("seek(%d, %d): epoch and batch are 0 or more" % (epoch, batch))
+        epoch, batch = _whole("seek's epoch", epoch, 2**64 - 1), _whole("seek's batch", batch, 2**64 - 1)
         if self._held is not None:
             self._held.release()
         if self._lib.nl_seek(self._handle, epoch, batch) != NL_OK:
@@ -448,6 +468,9 @@ class Client:
         """Releases the held batch (after its event), says goodbye to the producer (it exits
         cleanly) and unmaps the ring. Closing twice is a no-op."""
         if self._handle is None:
+            return
+        if os.getpid() != self._pid:  # a forked child: the connection is the parent's
+            self._handle, self._held = None, None
             return
         held, self._held = self._held, None
         try:
@@ -483,6 +506,10 @@ class Client:
     def _check_open(self):
         if self._handle is None:
             raise LoaderError("client of job %r rank %d is closed" % (self.job_id, self.rank))
+        if os.getpid() != self._pid:
+            raise LoaderError("client of job %r rank %d was attached in process %d, and this is "
+                              "process %d (a fork): attach a Client of its own here"
+                              % (self.job_id, self.rank, self._pid, os.getpid()))
 
     def _last_error(self):
         return _text(self._lib.nl_last_error(self._handle))

@@ -154,6 +154,41 @@ with Client("plain", 0) as c:
     b3 = next(c)
     expect((b3.epoch, b3.batch, b3.size) == (0, 2, 2), "seek(0, 2)")
     expect(raises(ValueError, lambda: c.seek(-1, 0)) is not None, "seek(-1, 0) is a ValueError")
+    e = raises(ValueError, lambda: c.seek(2**64, 0))
+    expect(e is not None and "outside 0 .. 18446744073709551615" in str(e),
+           "seek(2**64, 0) is a ValueError, not epoch 0: %s" % e)
+    for bad in ((1.5, 2), (0, 2.0), ("1", 0), (True, 0)):
+        e = raises(TypeError, lambda: c.seek(*bad))
+        expect(e is not None and "must be a whole number" in str(e), "seek%r is a TypeError: %s" % (bad, e))
+    c.seek(np.int64(1), np.uint8(1))
+    expect((lambda b: (b.epoch, b.batch))(next(c)) == (1, 1), "numpy integers are whole numbers")
+
+# --- what ctypes would cut without a word ----------------------------------
+for job, rank, exc, text in (("plain", 2**32, ValueError, "rank 4294967296 is outside 0 .. 2147483647"),
+                             ("plain", -1, ValueError, "rank -1 is outside"),
+                             ("plain", 1.7, TypeError, "rank must be a whole number, not 1.7"),
+                             ("plain", "1", TypeError, "rank must be a whole number"),
+                             ("pl\0ain", 0, ValueError, "holds a NUL character")):
+    e = raises(exc, lambda: Client(job, rank))
+    expect(e is not None and text in str(e), "Client(%r, %r) is a %s: %s" % (job, rank, exc.__name__, e))
+
+# --- a forked child: the parent's client is not its own ---------------------
+with Client("plain", 0) as c:
+    first = next(c)
+    pid = os.fork()
+    if pid == 0:  # the child: every use refused, closing leaves the parent's connection alone
+        code = 0
+        e = raises(LoaderError, lambda: next(c))
+        if e is None or "(a fork): attach a Client of its own here" not in str(e):
+            code = 1
+        if raises(LoaderError, lambda: c.seek(0, 0)) is None:
+            code |= 2
+        c.close()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+           "in a forked child next() and seek() raise LoaderError naming the fork (child status %d)" % status)
+    expect(not c.closed and next(c).sequence == first.sequence + 1, "the parent's client goes on after the fork")
 
 # --- errors ---------------------------------------------------------------
 e = raises(LoaderError, lambda: Client("missing", 1))

@@ -111,6 +111,29 @@ expect_out "^consumed 15 batches \(232 images\) of job $JOB-some, rank 0 in .* u
   "the human line: 13 + 2 batches"
 served some 0
 
+# The last epoch number: an unbounded producer serves it and ends there (it
+# crashed on a null list before); numbers ctypes would cut are refused.
+serve last "$W/p" --seed 7
+expect_rc 0 "seek(2**64 - 1, 11): batches 11 and 12 of that epoch, then the end; seek(3, 0) after it" \
+  $PY - "$JOB-last" <<'PYEOF'
+import sys, numa_loader
+with numa_loader.Client(sys.argv[1], 0, timeout_s=60) as c:
+    next(c)
+    c.seek(2**64 - 1, 11)
+    got = [(b.epoch, b.batch) for b in c]
+    assert got == [(2**64 - 1, 11), (2**64 - 1, 12)], got
+    c.seek(3, 0)
+    b = next(c)
+    assert (b.epoch, b.batch) == (3, 0), (b.epoch, b.batch)
+    for bad, exc in (((2**64, 0), ValueError), ((1.5, 2), TypeError)):
+        try:
+            c.seek(*bad)
+            raise SystemExit("seek%r was accepted" % (bad,))
+        except exc:
+            pass
+PYEOF
+served last 0
+
 # --- (b) torch.from_numpy views the slot; (d) release_after's event -------
 serve views "$W/p" --epochs 2 --seed 7 --prefetch 2
 expect_rc 0 "torch views equal loader consume's bytes; events synchronized before release" \
