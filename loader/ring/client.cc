@@ -45,6 +45,7 @@ struct RingClient::Impl {
   Geometry g;  // our copy, checked once: offsets never come from shared memory again
 
   std::atomic<bool> in_next{false};
+  std::atomic<bool> said_goodbye{false};  // Goodbye(): the ring is ours to read, not to use
   std::mutex mu;  // guards the fields below (Release may come from another thread)
   // Per slot: position + 1 while we hold it, else 0. Written under `mu`;
   // atomic so that Next() reads it while holding the ring's lock without
@@ -57,8 +58,12 @@ struct RingClient::Impl {
   uint64_t next_epoch = 0, next_batch = 0;
 
   ~Impl() {
-    if (conn.valid()) (void)SendMessage(conn.get(), MakeMessage(MessageKind::kDetach, ""));
+    if (conn.valid() && !said_goodbye) (void)SendMessage(conn.get(), MakeMessage(MessageKind::kDetach, ""));
     if (base != MAP_FAILED) ::munmap(base, bytes);
+  }
+
+  Status Closed() const {
+    return Status::FailedPrecondition("this client of " + who + " has said goodbye (closed)");
   }
 
   SlotHeader* Slot(uint32_t i) const {
@@ -313,8 +318,18 @@ Result<std::unique_ptr<RingClient>> RingClient::Attach(const std::string& job_id
 
 const RingInfo& RingClient::info() const { return impl_->info; }
 
+void RingClient::Goodbye() {
+  Impl& m = *impl_;
+  std::lock_guard local(m.mu);
+  if (m.said_goodbye.exchange(true)) return;
+  if (m.conn.valid()) (void)SendMessage(m.conn.get(), MakeMessage(MessageKind::kDetach, ""));
+  // The connection stays open (a Next waiting in another thread may still
+  // look at it); the destructor closes it without a second goodbye.
+}
+
 Result<RingBatch> RingClient::Next(double timeout_s) {
   Impl& m = *impl_;
+  if (m.said_goodbye) return m.Closed();
   if (m.in_next.exchange(true)) {
     return Status::FailedPrecondition("Next() called while another Next() is waiting");
   }
@@ -357,6 +372,7 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
 Status RingClient::Release(const RingBatch& b) {
   Impl& m = *impl_;
   std::lock_guard local(m.mu);
+  if (m.said_goodbye) return m.Closed();
   if (b.slot >= m.g.slot_count || m.taken[b.slot] == 0 || m.taken[b.slot] != b.position + 1) {
     return Status::InvalidArgument("release of batch " + std::to_string(b.sequence) +
                                    ", which is not held (released twice, or never delivered)");
@@ -383,6 +399,7 @@ Status RingClient::Release(const RingBatch& b) {
 Status RingClient::Seek(uint64_t epoch, uint64_t batch) {
   Impl& m = *impl_;
   std::lock_guard local(m.mu);
+  if (m.said_goodbye) return m.Closed();
   if (m.held != 0) {
     return Status::FailedPrecondition("seek with " + std::to_string(m.held) +
                                       " batches held: release them first");

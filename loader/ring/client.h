@@ -49,7 +49,12 @@ class RingClient {
   // timeout_s for a producer to appear; checks its uid and the segment.
   static Result<std::unique_ptr<RingClient>> Attach(const std::string& job_id, int rank,
                                                     double timeout_s);
-  ~RingClient();  // detaches (a goodbye on the socket) and unmaps
+  ~RingClient();  // detaches (a goodbye on the socket, unless Goodbye said it) and unmaps
+  // Says goodbye to the producer (it exits cleanly) and ends this client's
+  // use of the ring, which stays mapped: batches' pointers still read their
+  // last bytes until the client is destroyed. Next, Release and Seek then
+  // fail with FailedPrecondition. Idempotent.
+  void Goodbye();
   RingClient(const RingClient&) = delete;
   RingClient& operator=(const RingClient&) = delete;
 

@@ -132,6 +132,10 @@ const char* nl_last_error(const nl_client* c) {
   return c == nullptr ? "nl_client is NULL" : c->error.c_str();
 }
 
+void nl_goodbye(nl_client* c) {
+  if (c != nullptr) c->client->Goodbye();
+}
+
 void nl_detach(nl_client* c) { delete c; }
 
 }  // extern "C"

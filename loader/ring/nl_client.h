@@ -100,7 +100,13 @@ NL_CLIENT_API int nl_seek(nl_client* c, uint64_t epoch, uint64_t batch);
 
 NL_CLIENT_API const char* nl_last_error(const nl_client* c);
 
-/* Says goodbye to the producer (it exits cleanly) and unmaps the ring.
+/* Says goodbye to the producer (it exits cleanly) but keeps the ring mapped:
+ * the pointers of batches delivered before stay readable (their last bytes)
+ * until nl_detach. nl_next, nl_release and nl_seek fail after it. Calling it
+ * twice is harmless; NULL is ignored. */
+NL_CLIENT_API void nl_goodbye(nl_client* c);
+
+/* Says goodbye to the producer (unless nl_goodbye did) and unmaps the ring.
  * Any held batch's pointers become invalid. NULL is ignored. */
 NL_CLIENT_API void nl_detach(nl_client* c);
 

@@ -27,8 +27,12 @@ for), so x = torch.from_numpy(b.pixels).cuda(non_blocking=True) is safe.
 
 After release the producer refills the slot, so `batch.pixels` (and `.labels`,
 `.indices`) raise LoaderError; arrays taken from a batch before its release
-still point into the slot and must not be used after it (they read another
-batch's data, and after close() the ring is unmapped).
+still view the slot and read whatever the producer writes there next (another
+batch): copy what you keep past the release (np.array(x), tensor.clone(), or
+the GPU copy). Reading them never crashes: the ring stays mapped while any
+array or tensor views it, whatever order the client, its batches and their
+arrays are dropped in (close() tells the producer goodbye at once; the
+mapping goes with the last view).
 
 The arrays are read-only (numpy's writeable flag is off): the slot is shared
 with the producer. torch.from_numpy accepts them and warns once per process
@@ -160,6 +164,7 @@ def _load():
             "nl_release": (ctypes.c_int, [handle, ctypes.POINTER(_NlBatch)]),
             "nl_seek": (ctypes.c_int, [handle, ctypes.c_uint64, ctypes.c_uint64]),
             "nl_last_error": (ctypes.c_char_p, [handle]),
+            "nl_goodbye": (None, [handle]),
             "nl_detach": (None, [handle]),
         }
         for name, (restype, argtypes) in sigs.items():
@@ -279,14 +284,35 @@ class Info:
         return "Info(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
 
 
-def _view(addr, count, dtype, shape):
-    """A read-only numpy array over `count` items at `addr`, no copy."""
+class _Ring:
+    """A client's mapping of the ring: unmapped (nl_detach) when the client and
+    every array viewing the ring are gone. Not in a forked child: the mapping
+    and the connection are the parent's."""
+
+    __slots__ = ("_lib", "_handle", "_pid")
+
+    def __init__(self, lib, handle):
+        self._lib, self._handle, self._pid = lib, handle, os.getpid()
+
+    def __del__(self):
+        try:
+            if self._handle is not None and os.getpid() == self._pid:
+                self._lib.nl_detach(self._handle)
+        except Exception:  # noqa: BLE001 - at interpreter exit, nothing to report to
+            pass
+        self._handle = None
+
+
+def _view(addr, count, dtype, shape, ring):
+    """A read-only numpy array over `count` items at `addr`, no copy; it keeps
+    `ring` (its mapping) alive."""
     nbytes = count * dtype.itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
     if not addr:
         raise LoaderError("the client library returned a NULL pointer for %d bytes" % nbytes)
     buf = (ctypes.c_char * nbytes).from_address(addr)
+    buf._ring = ring  # numpy's array keeps buf, buf keeps the mapping
     arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
     arr.flags.writeable = False
     return arr
@@ -322,13 +348,13 @@ class Batch:
                 "(take what you need before asking for the next batch, or copy it)"
                 % (self.epoch, self.batch))
         if self._arrays is None:
-            info, raw, b = self._client.info, self._raw, self.size
+            info, raw, b, ring = self._client.info, self._raw, self.size, self._client._ring
             i64 = np.dtype("<i8")
             self._arrays = (
                 _view(raw.pixels or 0, b * info.sample_bytes // info.dtype.itemsize, info.dtype,
-                      (b,) + info.sample_shape()),
-                _view(_address(raw.labels), b, i64, (b,)),
-                _view(_address(raw.indices), b, i64, (b,)),
+                      (b,) + info.sample_shape(), ring),
+                _view(_address(raw.labels), b, i64, (b,), ring),
+                _view(_address(raw.indices), b, i64, (b,), ring),
             )
         return self._arrays
 
@@ -400,6 +426,7 @@ class Client:
 
     def __init__(self, job_id, rank, timeout_s=60.0, attach_timeout_s=None):
         self._handle = None
+        self._ring = None
         self._held = None
         self._lib = _load()
         self.job_id = str(job_id)
@@ -415,6 +442,7 @@ class Client:
         if rc != NL_OK or not handle.value:
             raise (LoaderTimeout if rc == NL_TIMEOUT else LoaderError)(text)
         self._handle = handle
+        self._ring = _Ring(self._lib, handle)
         raw = _NlInfo()
         rc = self._lib.nl_info_get(self._handle, ctypes.byref(raw))
         if rc != NL_OK:
@@ -465,12 +493,13 @@ class Client:
     # -- lifetime --------------------------------------------------------
 
     def close(self):
-        """Releases the held batch (after its event), says goodbye to the producer (it exits
-        cleanly) and unmaps the ring. Closing twice is a no-op."""
+        """Releases the held batch (after its event) and says goodbye to the producer (it exits
+        cleanly). The ring is unmapped now, or when the last array viewing it is gone.
+        Closing twice is a no-op."""
         if self._handle is None:
             return
         if os.getpid() != self._pid:  # a forked child: the connection is the parent's
-            self._handle, self._held = None, None
+            self._handle, self._held, self._ring = None, None, None
             return
         held, self._held = self._held, None
         try:
@@ -482,7 +511,8 @@ class Client:
                 held._released = True
                 held._arrays = None
             handle, self._handle = self._handle, None
-            self._lib.nl_detach(handle)
+            self._lib.nl_goodbye(handle)
+            self._ring = None  # unmapped now, or with the last array that views it
 
     @property
     def closed(self):

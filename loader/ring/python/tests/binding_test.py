@@ -163,6 +163,50 @@ with Client("plain", 0) as c:
     c.seek(np.int64(1), np.uint8(1))
     expect((lambda b: (b.epoch, b.batch))(next(c)) == (1, 1), "numpy integers are whole numbers")
 
+# --- arrays outlive their client: the mapping goes with the last view ---------
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+
+_fake = ctypes.CDLL(fake_lib)
+
+
+def counts():
+    g, d = ctypes.c_int(), ctypes.c_int()
+    _fake.fake_counts(ctypes.byref(g), ctypes.byref(d))
+    return g.value, d.value
+
+
+g0, d0 = counts()
+c = Client("plain", 0)
+c.close()
+expect(counts() == (g0 + 1, d0 + 1), "close() with no array: goodbye, and the ring unmapped at once")
+for order in ("client first", "batch first"):
+    c = Client("plain", 0)
+    b = next(c)  # (rebinding b and c lets earlier tests' clients and batches go)
+    px, labels = b.pixels, b.labels
+    want_px, want_labels = px.copy(), labels.copy()
+    gc.collect()
+    g0, d0 = counts()
+    c.close()
+    expect(counts() == (g0 + 1, d0), "%s: close() says goodbye; the ring stays while arrays view it" % order)
+    if order == "client first":
+        del c
+        gc.collect()
+        del b
+    else:
+        del b
+        gc.collect()
+        del c
+    gc.collect()
+    expect(counts()[1] == d0 and (px == want_px).all() and (labels == want_labels).all(),
+           "%s: the arrays still read their batch with the client and batch gone" % order)
+    del px
+    gc.collect()
+    expect(counts()[1] == d0, "%s: one array left keeps the ring" % order)
+    del labels
+    gc.collect()
+    expect(counts()[1] == d0 + 1, "%s: the last array gone, the ring is unmapped" % order)
+
 # --- what ctypes would cut without a word ----------------------------------
 for job, rank, exc, text in (("plain", 2**32, ValueError, "rank 4294967296 is outside 0 .. 2147483647"),
                              ("plain", -1, ValueError, "rank -1 is outside"),

@@ -165,8 +165,22 @@ int nl_seek(nl_client* c, uint64_t epoch, uint64_t batch) {
 
 const char* nl_last_error(const nl_client* c) { return c->error; }
 
+/* Counts goodbyes and detaches (fake_counts); a detach poisons the slots
+ * before freeing them, so a view read after it shows 0xDD, not the batch. */
+static int goodbyes, detaches;
+void fake_counts(int* g, int* d) {
+  *g = goodbyes;
+  *d = detaches;
+}
+void nl_goodbye(nl_client* c) {
+  if (c) ++goodbyes;
+}
 void nl_detach(nl_client* c) {
   if (!c) return;
-  for (int i = 0; i < kSlots; ++i) free(c->slot_mem[i]);
+  ++detaches;
+  for (int i = 0; i < kSlots; ++i) {
+    memset(c->slot_mem[i], 0xDD, slot_bytes(c));
+    free(c->slot_mem[i]);
+  }
   free(c);
 }

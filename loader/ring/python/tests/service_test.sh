@@ -134,6 +134,27 @@ with numa_loader.Client(sys.argv[1], 0, timeout_s=60) as c:
 PYEOF
 served last 0
 
+# Arrays and tensors outlive their client: reading them after close() and
+# after the client is collected reads their batch (it was a SIGSEGV: close()
+# unmapped the ring); the producer still exits cleanly at close().
+serve keep "$W/p" --epochs 1 --seed 7
+expect_rc 0 "a tensor and an array kept past close() and the client's collection read their batch" \
+  $PY - "$JOB-keep" <<'PYEOF'
+import gc, sys, warnings
+import torch, numa_loader
+warnings.simplefilter("ignore", UserWarning)  # torch.from_numpy on a read-only array
+c = numa_loader.Client(sys.argv[1], 0, timeout_s=60)
+b = next(c)
+x, idx = torch.from_numpy(b.pixels), b.indices
+want_x, want_idx = x.clone(), idx.copy()
+c.close()
+del c, b
+gc.collect()
+assert torch.equal(x, want_x) and (idx == want_idx).all()
+print("read %d bytes after close" % x.numel())
+PYEOF
+served keep 0
+
 # --- (b) torch.from_numpy views the slot; (d) release_after's event -------
 serve views "$W/p" --epochs 2 --seed 7 --prefetch 2
 expect_rc 0 "torch views equal loader consume's bytes; events synchronized before release" \
