@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <span>
 #include <string>
@@ -500,19 +501,54 @@ Status DecodeJpegRegionInto(std::span<const uint8_t> bytes, const DecodeLimits& 
 
 namespace {
 
+// The compressor writes into `out`, grown as it fills. (Not jpeg_mem_dest:
+// it frees its first buffer when it grows and tells the caller the new one
+// only at the end, so after an error mid-file the caller holds a freed
+// pointer.)
+struct VectorDest {
+  jpeg_destination_mgr pub;
+  std::vector<uint8_t> out;
+};
+// Grows `v->out` to n bytes, or fails as libjpeg's allocator does (no
+// exception through libjpeg's frames).
+void GrowTo(j_compress_ptr c, VectorDest* v, size_t n) {
+  bool ok = true;
+  try {
+    v->out.resize(n);
+  } catch (const std::bad_alloc&) {
+    ok = false;
+  }
+  if (!ok) ERREXIT1(c, JERR_OUT_OF_MEMORY, 0);
+}
+extern "C" void VectorDestInit(j_compress_ptr c) {
+  auto* v = reinterpret_cast<VectorDest*>(c->dest);
+  GrowTo(c, v, size_t{1} << 16);
+  v->pub.next_output_byte = v->out.data();
+  v->pub.free_in_buffer = v->out.size();
+}
+extern "C" boolean VectorDestGrow(j_compress_ptr c) {  // called when the buffer is full
+  auto* v = reinterpret_cast<VectorDest*>(c->dest);
+  const size_t used = v->out.size();
+  GrowTo(c, v, used * 2);
+  v->pub.next_output_byte = v->out.data() + used;
+  v->pub.free_in_buffer = v->out.size() - used;
+  return TRUE;
+}
+extern "C" void VectorDestTerm(j_compress_ptr c) {
+  auto* v = reinterpret_cast<VectorDest*>(c->dest);
+  v->out.resize(v->out.size() - v->pub.free_in_buffer);
+}
+
 // A transcode's state, on the heap so that nothing under setjmp has a
 // destructor: the decompressor (and the error manager both use), the
-// compressor, and the output libjpeg allocates.
+// compressor, and its output.
 struct Transcoder {
   JpegDecoder d;
   jpeg_compress_struct cc{};
   bool cc_made = false;
-  unsigned char* out = nullptr;
-  unsigned long out_size = 0;
-  std::vector<uint8_t> result;
+  VectorDest dest{};
   ~Transcoder() {
     if (cc_made) jpeg_destroy_compress(&cc);
-    std::free(out);
   }
 };
 
@@ -550,7 +586,10 @@ Transcoded TranscodeUnderJump(Transcoder* t, std::span<const uint8_t> bytes, con
   jpeg_copy_critical_parameters(&c, &t->cc);
   t->cc.restart_in_rows = 1;
   t->cc.optimize_coding = TRUE;
-  jpeg_mem_dest(&t->cc, &t->out, &t->out_size);
+  t->dest.pub.init_destination = VectorDestInit;
+  t->dest.pub.empty_output_buffer = VectorDestGrow;
+  t->dest.pub.term_destination = VectorDestTerm;
+  t->cc.dest = &t->dest.pub;
   jpeg_write_coefficients(&t->cc, coefs);
   for (jpeg_saved_marker_ptr m = c.marker_list; m != nullptr; m = m->next) {
     if (!WrittenByEncoder(t->cc, m)) jpeg_write_marker(&t->cc, m->marker, m->data, m->data_length);
@@ -582,7 +621,7 @@ Result<std::vector<uint8_t>> AddJpegRowRestarts(std::span<const uint8_t> bytes, 
   if (t->d.err.truncated) {
     return Status::Corruption("truncated JPEG: its data ends before the end marker (libjpeg: Premature end of JPEG file)");
   }
-  return std::vector<uint8_t>(t->out, t->out + t->out_size);
+  return std::move(t->dest.out);
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "formats/image.h"
+#include "tests/support/test_util.h"
 
 namespace nl {
 namespace {
@@ -128,7 +129,7 @@ void ExpectRegionExact(const std::vector<uint8_t>& jpg, const Image& full, Pixel
   }
 }
 
-class JpegRegion : public testing::TestWithParam<Coding> {};
+class JpegRegion : public ::testing::TestWithParam<Coding> {};
 
 // Regions at odd offsets and sizes, 1-pixel regions, edges, corners, the
 // whole image, and regions that reach past the image (clipped): identical
@@ -151,7 +152,7 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
     }
     for (const PixelRect& r : regions) {
       ExpectRegionExact(jpg, *full, r, k.name + " " + std::to_string(w) + "x" + std::to_string(h));
-      if (testing::Test::HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure()) return;
     }
     // Scaled in the DCT domain (--decode fast): the region of the decode at
     // that scale, against the whole decode at that scale.
@@ -167,7 +168,7 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
         const uint32_t x = static_cast<uint32_t>(srng() % sw), y = static_cast<uint32_t>(srng() % sh);
         const PixelRect r{x, y, static_cast<uint32_t>(1 + srng() % (sw - x)), static_cast<uint32_t>(1 + srng() % (sh - y))};
         ExpectRegionExact(jpg, whole.image, r, k.name + " at " + std::to_string(scale) + "/8", scale);
-        if (testing::Test::HasFatalFailure()) return;
+        if (::testing::Test::HasFatalFailure()) return;
       }
     }
     // Approximate (--decode fast: chroma by replication, no margin): a region
@@ -191,7 +192,7 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
         const PixelRect r{x, y, static_cast<uint32_t>(1 + arng() % (sw - x)), static_cast<uint32_t>(1 + arng() % (sh - y))};
         ExpectRegionExact(jpg, whole.image, r, k.name + " approximate at " + std::to_string(scale) + "/8",
                           scale, true);
-        if (testing::Test::HasFatalFailure()) return;
+        if (::testing::Test::HasFatalFailure()) return;
       }
     }
   }
@@ -199,7 +200,7 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
 
 INSTANTIATE_TEST_SUITE_P(
     Codings, JpegRegion,
-    testing::Values(Coding{"s444", 3, 1, 1}, Coding{"s422", 3, 2, 1}, Coding{"s420", 3, 2, 2},
+    ::testing::Values(Coding{"s444", 3, 1, 1}, Coding{"s422", 3, 2, 1}, Coding{"s420", 3, 2, 2},
                     Coding{"s440", 3, 1, 2}, Coding{"s411", 3, 4, 1}, Coding{"gray", 1, 1, 1},
                     Coding{"cmyk", 4, 2, 2}, Coding{"progressive420", 3, 2, 2, true},
                     Coding{"progressive444", 3, 1, 1, true}, Coding{"restart420", 3, 2, 2, false, 1},
@@ -214,7 +215,7 @@ INSTANTIATE_TEST_SUITE_P(
                     Coding{"rowsCmyk", 4, 2, 2, false, 0, 0, true},
                     Coding{"rowsProgressive", 3, 2, 2, true, 0, 0, true},
                     Coding{"rowsOverMcuRestarts", 3, 2, 2, false, 0, 5, true}),
-    [](const testing::TestParamInfo<Coding>& i) { return i.param.name; });
+    [](const ::testing::TestParamInfo<Coding>& i) { return i.param.name; });
 
 // The entropy-coded bytes of `jpg` after its n-th restart marker (n >= 1)
 // up to the next marker: the MCUs of that restart interval.
@@ -348,6 +349,16 @@ TEST(JpegRestarts, DecodeAsLibjpegDoes) {
       }
     }
   }
+}
+
+// A file the row restarts cannot encode is refused with libjpeg's reason
+// (the packer then stores it as it is), and nothing is freed twice.
+TEST(JpegRowRestarts, AFileTheRestartsCannotEncodeIsRefusedCleanly) {
+  const std::vector<uint8_t> jpg = nl::testing::JpegRowRestartsCannotEncode();
+  ASSERT_TRUE(DecodeImage(jpg).ok()) << "the file itself decodes";
+  const Status st = AddJpegRowRestarts(jpg).status();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("DCT coefficient out of range"), std::string::npos) << st.ToString();
 }
 
 // AddJpegRowRestarts keeps the file's markers (EXIF, ICC, comments) and

@@ -106,10 +106,14 @@ Status MakeRecord(const SampleSource& source, uint64_t i, const PackOptions& o, 
     payload = img->pixels;
   }
   if (enc == Encoding::kJpeg && o.jpeg_restarts) {
+    // A file the rewrite cannot encode (DC values a restart cannot code,
+    // in a file damaged or crafted so) is stored as it is: it decodes, and
+    // the restarts only speed its crops up.
     Result<std::vector<uint8_t>> with = AddJpegRowRestarts(payload, o.limits);
-    if (!with.ok()) return with.status().WithContext(source.Describe(i));
-    encoded = std::move(*with);
-    payload = encoded;
+    if (with.ok()) {
+      encoded = std::move(*with);
+      payload = encoded;
+    }
   }
   RecordHeader h;
   h.label = s.label;

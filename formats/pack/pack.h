@@ -65,9 +65,10 @@ struct PackOptions {
   // original_sizes).
   uint32_t max_side = 0;
   // JPEGs stored (kept files and re-encoded ones) get a restart marker at
-  // every row of MCUs (AddJpegRowRestarts): the same pixels, a few percent
-  // more bytes, and a crop's decode skips the rows above it. Off: keep
-  // stores each file's bytes as they are.
+  // every row of MCUs (AddJpegRowRestarts): the same pixels, about as many
+  // bytes, and a crop's decode skips the rows above it; one the rewrite
+  // cannot encode is stored as it is. Off: keep stores each file's bytes as
+  // they are.
   bool jpeg_restarts = false;
   DecodeLimits limits;
   // Called from the writing thread after each batch of samples. May be empty.

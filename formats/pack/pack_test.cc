@@ -147,6 +147,36 @@ TEST(PackImageFolder, KeepStoresOriginalBytesInTorchvisionOrder) {
   EXPECT_TRUE(VerifyShardSet(d / "out", {}).ok());
 }
 
+// --jpeg-restarts: a JPEG gets a restart marker at every row; one the
+// rewrite cannot encode is stored as the file is, and the pack goes on.
+TEST(PackImageFolder, JpegRestartsStoresAFileItCannotRewriteAsItIs) {
+  testing::ScratchDir d;
+  const std::vector<uint8_t> cannot = testing::JpegRowRestartsCannotEncode();
+  const std::vector<uint8_t> plain = *EncodeJpeg(testing::PatternImage(40, 40, 3).pixels, 40, 40, 3);
+  ASSERT_TRUE(MakeDirs(d / "src/a").ok());
+  testing::WriteBytes(d / "src/a/0_cannot.jpg", cannot);
+  testing::WriteBytes(d / "src/a/1_plain.jpg", plain);
+  PackOptions o = Opts();
+  o.jpeg_restarts = true;
+  Result<PackSummary> s = PackImageFolder(d / "src", d / "out", "train", o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->samples, 2u);
+  EXPECT_TRUE(s->manifest.splits.at("train").jpeg_restarts);
+  Result<Manifest> m = LoadManifest(d / "out");
+  auto reader = SplitReader::Open(d / "out", *m, "train");
+  ASSERT_TRUE(reader.ok());
+  auto txn = (*reader)->BeginRead();
+  Result<RecordView> r = txn.Read(0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::vector<uint8_t>(r->payload.begin(), r->payload.end()), cannot);
+  r = txn.Read(1);
+  ASSERT_TRUE(r.ok());
+  const std::vector<uint8_t> stored(r->payload.begin(), r->payload.end());
+  EXPECT_EQ(stored, *AddJpegRowRestarts(plain));
+  EXPECT_NE(stored, plain);
+  EXPECT_EQ(DecodeImage(stored)->pixels, DecodeImage(plain)->pixels);
+}
+
 TEST(PackImageFolder, BadFileStopsThePackAndLeavesNothing) {
   testing::ScratchDir d;
   MakeImageFolder(d / "src");

@@ -1,5 +1,9 @@
 #include "tests/support/test_util.h"
 
+// jpeglib.h needs size_t and FILE first.
+#include <cstdio>
+#include <jpeglib.h>
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -183,6 +187,61 @@ void WriteText(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
   if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+std::vector<uint8_t> JpegRowRestartsCannotEncode() {
+  const JDIMENSION w = 64, h = 16;
+  std::vector<uint8_t> gray(size_t{w} * h, 128);
+  jpeg_compress_struct c;
+  jpeg_decompress_struct d;
+  jpeg_error_mgr err;  // valid parameters and data: libjpeg never fails here
+  c.err = d.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* base = nullptr;
+  unsigned long base_size = 0;
+  jpeg_mem_dest(&c, &base, &base_size);
+  c.image_width = w;
+  c.image_height = h;
+  c.input_components = 1;
+  c.in_color_space = JCS_GRAYSCALE;
+  jpeg_set_defaults(&c);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < h) {
+    JSAMPROW row = gray.data() + size_t{c.next_scanline} * w;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  // Its coefficients, the DC values set, written again.
+  jpeg_create_decompress(&d);
+  jpeg_mem_src(&d, base, base_size);
+  jpeg_read_header(&d, TRUE);
+  jvirt_barray_ptr* coefs = jpeg_read_coefficients(&d);
+  const jpeg_component_info& comp = d.comp_info[0];
+  for (JDIMENSION r = 0; r < comp.height_in_blocks; ++r) {
+    JBLOCKARRAY blocks = (*d.mem->access_virt_barray)(reinterpret_cast<j_common_ptr>(&d), coefs[0], r, 1, TRUE);
+    for (JDIMENSION x = 0; x < comp.width_in_blocks; ++x) {
+      const JDIMENSION k = r % 2 == 0 ? x : comp.width_in_blocks - 1 - x;
+      blocks[0][x][0] = static_cast<JCOEF>(600 * k);
+    }
+  }
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  jpeg_copy_critical_parameters(&d, &c);
+  c.optimize_coding = TRUE;
+  jpeg_write_coefficients(&c, coefs);
+  const std::vector<uint8_t> text(6000, 'x');
+  jpeg_write_marker(&c, JPEG_COM, text.data(), static_cast<unsigned>(text.size()));
+  jpeg_finish_compress(&c);
+  jpeg_finish_decompress(&d);
+  jpeg_destroy_compress(&c);
+  jpeg_destroy_decompress(&d);
+  std::vector<uint8_t> out(buf, buf + size);
+  free(buf);
+  free(base);
+  return out;
 }
 
 }  // namespace nl::testing

@@ -47,6 +47,13 @@ struct PngSpec {
 };
 std::vector<uint8_t> EncodePngForTest(const PngSpec& spec);
 
+// A valid gray 64x16 JPEG (6 KB of comment first) that AddJpegRowRestarts
+// cannot rewrite: its DC coefficients climb by 600 a block along one row
+// and come down along the next, so every difference between neighbours fits
+// the DC code (11 bits), but at the second row's start, where a restart
+// makes the difference the value itself (4200), none does.
+std::vector<uint8_t> JpegRowRestartsCannotEncode();
+
 // A record with any header fields (lying ones included) and valid checksums:
 // the header CRC and the payload CRC are computed over what is written. The
 // header's payload_length is used as given when non-zero, else payload.size().
