@@ -281,14 +281,13 @@ const uint8_t* AfterRestart(const uint8_t* p, const uint8_t* end, uint64_t k) {
 
 // Rows of MCUs above the part to decode need no entropy decoding when the
 // scan restarts at row starts (pack_tool --jpeg-restarts writes a marker at
-// every row): the JPEG is cut at the last restart marker at or above the
-// part's first row and decoded from there as an image of its lower rows.
-// Restarts reset the DC predictions, so the rows below the cut decode to the
-// same pixels; only the cut's first iMCU row differs where fancy upsampling
-// would read the row above, and `part` starts an iMCU below its region
-// then (Widened's margin). Header read, output set; returns the output rows
-// cut away and leaves `c` ready for jpeg_read_header on the cut, or 0
-// (nothing changed).
+// every row): the JPEG is cut at the last restart marker above the part's
+// first row and decoded from there as an image of its lower rows. Restarts
+// reset the DC predictions, so the rows below the cut decode to the same
+// pixels, but for the cut's first output row where fancy upsampling would
+// read the chroma row above: the cut is made above the part, so that row is
+// not in it. Header read, output set; returns the output rows cut away and
+// leaves `c` ready for jpeg_read_header on the cut, or 0 (nothing changed).
 uint32_t CutAbove(JpegDecoder* d, std::span<const uint8_t> bytes, const PixelRect& part) {
   jpeg_decompress_struct& c = d->cinfo;
   // One sequential Huffman scan of every component (one block an MCU when
@@ -308,9 +307,11 @@ uint32_t CutAbove(JpegDecoder* d, std::span<const uint8_t> bytes, const PixelRec
   const uint64_t out_h = scaled * static_cast<unsigned>(c.max_v_samp_factor);  // an MCU row, output
   const uint64_t per_row = (c.image_width + mcu_w - 1) / mcu_w;
   const uint64_t interval = c.restart_interval;
-  // The cut row: a row whose first MCU starts a restart interval.
+  // The cut row: a row whose first MCU starts a restart interval, and whose
+  // first output row lies above the part (that row's chroma context is the
+  // cut's edge, not the row above it: it is the only row that differs).
   const uint64_t step = interval / std::gcd(per_row, interval);
-  const uint64_t r0 = part.y / out_h / step * step;
+  const uint64_t r0 = (part.y - 1) / out_h / step * step;
   if (r0 == 0 || r0 * mcu_h >= c.image_height) return 0;
   const uint8_t* data = c.src->next_input_byte;  // the scan's first byte
   const uint8_t* end = bytes.data() + bytes.size();

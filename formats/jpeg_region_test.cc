@@ -120,7 +120,8 @@ void ExpectRegionExact(const std::vector<uint8_t>& jpg, const Image& full, Pixel
   ASSERT_LE(got.x + got.image.width, full.width) << what;
   ASSERT_LE(got.y + got.image.height, full.height) << what;
   ASSERT_EQ(got.image.pixels.size(), size_t{got.image.width} * got.image.height * 3);
-  for (uint32_t y = r.y; y < y1; ++y) {
+  // Every row given (the margin's too), in the region's columns.
+  for (uint32_t y = got.y; y < got.y + got.image.height; ++y) {
     const uint8_t* a = full.pixels.data() + (size_t{y} * full.width + r.x) * 3;
     const uint8_t* b = got.image.pixels.data() + (size_t{y - got.y} * got.image.width + (r.x - got.x)) * 3;
     ASSERT_TRUE(std::equal(a, a + size_t{x1 - r.x} * 3, b))

@@ -290,13 +290,14 @@ class _Ring:
     and the connection are the parent's."""
 
     __slots__ = ("_lib", "_handle", "_pid")
+    _getpid = staticmethod(os.getpid)  # (module globals may be gone when a finalizer runs at exit)
 
     def __init__(self, lib, handle):
         self._lib, self._handle, self._pid = lib, handle, os.getpid()
 
     def __del__(self):
         try:
-            if self._handle is not None and os.getpid() == self._pid:
+            if self._handle is not None and self._getpid() == self._pid:
                 self._lib.nl_detach(self._handle)
         except Exception:  # noqa: BLE001 - at interpreter exit, nothing to report to
             pass
@@ -410,7 +411,8 @@ def _whole(name, value, hi):
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError("%s must be a whole number, not %r" % (name, value)) from None
+        hint = " (a string: convert it with int())" if isinstance(value, str) else ""
+        raise TypeError("%s must be a whole number, not %r%s" % (name, value, hint)) from None
     if not 0 <= v <= hi:
         raise ValueError("%s %d is outside 0 .. %d" % (name, v, hi))
     return v
@@ -423,6 +425,8 @@ class Client:
     batch) and, unless attach_timeout_s is given, the wait for the producer to
     appear; None (or a negative value) waits as long as the producer lives.
     """
+
+    _getpid = staticmethod(os.getpid)  # (module globals may be gone when a finalizer runs at exit)
 
     def __init__(self, job_id, rank, timeout_s=60.0, attach_timeout_s=None):
         self._handle = None
@@ -498,7 +502,7 @@ class Client:
         Closing twice is a no-op."""
         if self._handle is None:
             return
-        if os.getpid() != self._pid:  # a forked child: the connection is the parent's
+        if self._getpid() != self._pid:  # a forked child: the connection is the parent's
             self._handle, self._held, self._ring = None, None, None
             return
         held, self._held = self._held, None
@@ -536,7 +540,7 @@ class Client:
     def _check_open(self):
         if self._handle is None:
             raise LoaderError("client of job %r rank %d is closed" % (self.job_id, self.rank))
-        if os.getpid() != self._pid:
+        if self._getpid() != self._pid:
             raise LoaderError("client of job %r rank %d was attached in process %d, and this is "
                               "process %d (a fork): attach a Client of its own here"
                               % (self.job_id, self.rank, self._pid, os.getpid()))
