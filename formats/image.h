@@ -64,6 +64,10 @@ struct DecodedRegion {
   uint32_t full_width = 0, full_height = 0;  // at the scale decoded
   int scale_eighths = 8;  // the scale decoded: full_width = ceil(image_width * scale_eighths / 8)
   uint32_t image_width = 0, image_height = 0;  // the image's own size
+  // Output rows at the top whose entropy-coded data was not read at all: a
+  // JPEG whose scan restarts at row starts is decoded from the restart
+  // marker above the region (0: from the top).
+  uint32_t cut_rows = 0;
 };
 
 // Decodes at least `region` of an image; its pixels are identical to the

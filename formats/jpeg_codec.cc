@@ -248,6 +248,10 @@ size_t FrameHeightAt(const uint8_t* b, size_t n) {
       ++pos;
       continue;
     }
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {  // TEM, RSTn: no length (libjpeg passes them)
+      pos += 2;
+      continue;
+    }
     const size_t len = (size_t{b[pos + 2]} << 8) | b[pos + 3];
     if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
       return pos + 7 <= n ? pos + 5 : 0;  // FF Cn, length, precision, then Y
@@ -451,6 +455,7 @@ Status DecodeUnderJump(JpegDecoder* d, std::span<const uint8_t> bytes, const Dec
   if (where) {
     where->x = p.x;
     where->y = p.y + cut;
+    where->cut_rows = cut;
     where->full_width = static_cast<uint32_t>(sw);  // (output_width is the crop's now)
     where->full_height = static_cast<uint32_t>(sh);
     where->scale_eighths = scale_eighths;

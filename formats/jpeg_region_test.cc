@@ -155,6 +155,15 @@ TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
       ExpectRegionExact(jpg, *full, r, k.name + " " + std::to_string(w) + "x" + std::to_string(h));
       if (::testing::Test::HasFatalFailure()) return;
     }
+    // A scan restarting at every row is decoded from the marker above a
+    // region near the bottom, not from the top.
+    if (k.row_restarts && !k.progressive && h > 100) {
+      DecodedRegion low;
+      ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {0, H - 2, W, 2}, &low).ok());
+      EXPECT_GT(low.cut_rows, H / 2) << k.name;
+      EXPECT_TRUE(DecodeJpegRegionInto(jpg, {}, {0, H - 2, W, 2}, &low, 8, true).ok());
+      EXPECT_GT(low.cut_rows, H / 2) << k.name << ", fast";
+    }
     // Scaled in the DCT domain (--decode fast): the region of the decode at
     // that scale, against the whole decode at that scale.
     for (const int scale : {7, 4, 3, 1}) {
@@ -250,12 +259,26 @@ TEST(JpegRegionDecode, SkipsTheRowsAboveARestartMarker) {
   ASSERT_TRUE(bad_full.ok()) << bad_full.status().ToString();
   ASSERT_NE(bad_full->pixels, full->pixels) << "the scrambled row decodes, to other pixels";
   // Rows 112.. need MCU rows 6.. and a margin from row 5: cut below row 2.
+  // (With a marker at every row the damage stays in its row whether it is
+  // decoded or not: cut_rows says it was not.)
   ExpectRegionExact(bad, *full, {10, 112, 50, 30}, "below the scrambled row");
+  DecodedRegion low;
+  ASSERT_TRUE(DecodeJpegRegionInto(bad, {}, {10, 112, 50, 30}, &low).ok());
+  EXPECT_EQ(low.cut_rows, 80u) << "decoded from the marker of MCU row 5";
   DecodedRegion fast;
   ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &fast, 8, true).ok());
   ExpectRegionExact(bad, fast.image, {10, 112, 50, 30}, "below the scrambled row, fast", 8, true);
   // Within the scrambled row: as the full decode of the damaged file.
   ExpectRegionExact(bad, *bad_full, {10, 36, 50, 30}, "over the scrambled row");
+  // Markers without a length in the header (TEM, an RSTn), which libjpeg
+  // passes over: the cut still finds the frame height.
+  std::vector<uint8_t> tem = bad;
+  const std::vector<uint8_t> standalone = {0xFF, 0x01, 0xFF, 0xD3};
+  tem.insert(tem.begin() + 2, standalone.begin(), standalone.end());
+  ASSERT_TRUE(DecodeImage(tem).ok());
+  ExpectRegionExact(tem, *full, {10, 112, 50, 30}, "below the scrambled row, markers without a length");
+  ASSERT_TRUE(DecodeJpegRegionInto(tem, {}, {10, 112, 50, 30}, &low).ok());
+  EXPECT_EQ(low.cut_rows, 80u) << "markers without a length before the frame header";
   // A marker numbered out of order, one missing: no cut, the full decode's
   // pixels (libjpeg resynchronises as it does for the whole image).
   for (const int damage : {0, 1}) {
