@@ -561,3 +561,8 @@ class Client:
     def __repr__(self):
         return "Client(job_id=%r, rank=%d%s)" % (self.job_id, self.rank,
                                                  ", closed" if self.closed else "")
+
+
+from .loader import Loader, LoaderBatch, loader_path  # noqa: E402 - it builds on the above
+
+__all__ += ["Loader", "LoaderBatch", "loader_path"]

@@ -1,0 +1,338 @@
+"""numa_loader.Loader against real `loader serve` processes it starts itself.
+
+Usage: loader_test.py PACK_TOOL LOADER PYTHON_DIR
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import warnings
+
+PACK_TOOL, LOADER, PYDIR = sys.argv[1:4]
+sys.path.insert(0, PYDIR)
+os.environ["NUMA_LOADER_BIN"] = LOADER
+for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "TORCHELASTIC_RUN_ID", "NUMA_LOADER_LIB"):
+    os.environ.pop(v, None)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import numa_loader  # noqa: E402
+from numa_loader import Loader, LoaderError  # noqa: E402
+
+WORK = tempfile.mkdtemp(prefix="nl-loader-test-")
+DATA = os.path.join(WORK, "p")
+SMALL = dict(batch_size=16, image_size=32, threads=1, no_bind=True, quiet=True)
+
+
+def setUpModule():
+    subprocess.run([PACK_TOOL, "fake-cifar100", WORK + "/c", "--train", "200", "--test", "10"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([PACK_TOOL, "cifar100", WORK + "/c", DATA], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def tearDownModule():
+    subprocess.run(["rm", "-rf", WORK], check=False)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not yet reaped) counts as gone.
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class OptionsTest(unittest.TestCase):
+    def test_every_keyword_is_a_serve_flag_with_its_default(self):
+        out = subprocess.run([LOADER, "serve", "--help"], capture_output=True, text=True).stdout
+        flags = {}
+        for m in re.finditer(r"^\s+--([a-z-]+)(?: (TEXT|UINT|INT|FLOAT)[^ =\n]*(?: in \[[^\]]*\])?(?:=(\S+))?)?", out,
+                             re.M):
+            flags[m.group(1)] = (m.group(2), m.group(3))
+        for name, (kind, default) in numa_loader.loader.SERVE_OPTIONS.items():
+            flag = name.replace("_", "-")
+            self.assertIn(flag, flags, "loader serve has no --%s" % flag)
+            typ, shown = flags[flag]
+            if kind == "flag":
+                self.assertIsNone(typ, "--%s takes a value" % flag)
+                self.assertIs(default, False)
+            elif default is None:
+                self.assertIsNone(shown, "--%s has a default, %s" % (flag, shown))
+            else:
+                self.assertEqual(str(default), str(float(shown) if kind == "float" else shown),
+                                 "--%s's default" % flag)
+        # The transform and order flags all have their keyword.
+        for flag in ("order", "io-memory", "augment", "random-resized-crop", "decode", "normalize",
+                     "mean", "std", "resize", "pad-crop", "no-flip", "layout"):
+            self.assertIn(flag.replace("-", "_"), numa_loader.loader.SERVE_OPTIONS)
+
+    def test_bad_arguments_are_refused_before_a_server_starts(self):
+        with self.assertRaisesRegex(TypeError, "unknown keyword argument batchsize"):
+            Loader(DATA, batchsize=3)
+        with self.assertRaisesRegex(TypeError, "augment must be True or False"):
+            Loader(DATA, augment="yes")
+        with self.assertRaisesRegex(TypeError, "batch_size must be a whole number"):
+            Loader(DATA, batch_size=1.5)
+        with self.assertRaisesRegex(ValueError, "mean holds nan"):
+            Loader(DATA, mean=[0.5, float("nan"), 0.5])
+        with self.assertRaisesRegex(ValueError, "rank 2 is not within a world of 2"):
+            Loader(DATA, rank=2, world_size=2)
+        with self.assertRaisesRegex(ValueError, "NUL"):
+            Loader(DATA, job_id="a\0b")
+        with self.assertRaisesRegex(LoaderError, "cannot read .*nowhere/manifest.json"):
+            Loader(os.path.join(WORK, "nowhere"))
+
+    def test_a_setting_the_server_refuses_is_raised_with_its_words(self):
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(LoaderError, "exited with status .* before it served:\n.*"
+                                    "--batch-size"):
+            Loader(DATA, batch_size=0, quiet=True, no_bind=True)
+        self.assertLess(time.monotonic() - t0, 30)
+
+
+class OneRankTest(unittest.TestCase):
+    def test_epochs_unpack_as_tensors_and_follow_set_epoch(self):
+        with Loader(DATA, seed=3, **SMALL) as loader:
+            self.assertEqual(len(loader), 13)  # 200 samples, batches of 16
+            seen = []
+            for x, y in loader:
+                self.assertIsInstance(x, torch.Tensor)
+                self.assertEqual(x.dtype, torch.uint8)
+                self.assertEqual(tuple(x.shape[1:]), (3, 32, 32))
+                self.assertEqual(y.dtype, torch.int64)
+                seen.append(len(y))
+            self.assertEqual(seen, [16] * 12 + [8])
+            loader.set_epoch(1)
+            e1 = [b.indices.tolist() for b in loader]
+            loader.set_epoch(0)
+            e0 = [b.indices.tolist() for b in loader]
+            self.assertEqual(sorted(sum(e0, [])), list(range(200)), "an epoch is every sample once")
+            self.assertEqual(sorted(sum(e1, [])), list(range(200)))
+            self.assertNotEqual(e0, e1, "set_epoch(1) gives another shuffle")
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                again = [b.indices.tolist() for b in loader]
+            self.assertEqual(again, e0, "without set_epoch the epoch repeats, as DistributedSampler")
+            self.assertTrue(any("set_epoch" in str(x.message) for x in w))
+            b = next(iter(loader))
+            self.assertEqual((b.epoch, b.batch), (0, 0))
+            x, y = b
+            self.assertIs(x, b.x)
+            first = x.clone()
+            x[:] = 7  # the caller's own: nothing reaches the ring
+            self.assertTrue(torch.equal(next(iter(loader)).x, first))
+
+    def test_batches_equal_a_client_of_a_server_given_the_same_flags(self):
+        opts = dict(SMALL, seed=9, augment=True, normalize=True)
+        with Loader(DATA, **opts) as loader:
+            mine = [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]
+        job = "loader-test-ref-%d" % os.getpid()
+        server = subprocess.Popen([LOADER, "serve", "--data", DATA, "--job-id", job, "--batch-size",
+                                   "16", "--image-size", "32", "--threads", "1", "--no-bind",
+                                   "--seed", "9", "--augment", "--normalize", "--epochs", "1"],
+                                  stderr=subprocess.DEVNULL)
+        try:
+            with numa_loader.Client(job, 0, timeout_s=60) as c:
+                ref = [(np.array(b.pixels), np.array(b.labels)) for b in c]
+        finally:
+            server.wait(60)
+        self.assertEqual(len(mine), len(ref))
+        for (a, al), (b, bl) in zip(mine, ref):
+            self.assertEqual(a.dtype, np.float32)
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(al, bl)
+
+    def test_state_dict_resumes_mid_epoch(self):
+        with Loader(DATA, seed=5, **SMALL) as loader:
+            loader.set_epoch(2)
+            full = [b.indices.tolist() for b in loader]
+            loader.set_epoch(2)
+            it = iter(loader)
+            for _ in range(5):
+                next(it)
+            state = loader.state_dict()
+        self.assertEqual((state["epoch"], state["batch"]), (2, 5))
+        with Loader(DATA, seed=5, **SMALL) as again:
+            again.load_state_dict(json.loads(json.dumps(state)))
+            again.set_epoch(2)  # the usual loop's call keeps the resume point
+            rest = [b.indices.tolist() for b in again]
+            self.assertEqual(rest, full[5:])
+            self.assertEqual(len([b for b in again]), 13, "the next iter() is a whole epoch")
+            mid = iter(again)
+            next(mid)
+            self.assertEqual(again.state_dict()["batch"], 1)
+            self.assertEqual(len(list(iter(again))), 13, "a new iter() after a break starts over")
+            with self.assertRaisesRegex(LoaderError, "replaced by a later iter"):
+                next(mid)
+            with self.assertRaisesRegex(ValueError, "batches an epoch"):
+                again.load_state_dict(dict(state, batches_per_epoch=7))
+            self.assertEqual(again.state_dict()["batch"], 13, "a finished epoch says so")
+            again.load_state_dict(again.state_dict())
+            self.assertEqual(list(again), [], "nothing is left of a finished epoch")
+            again.set_epoch(3)
+            self.assertEqual(len(list(again)), 13)
+            with self.assertRaisesRegex(ValueError, "batch 14 is outside"):
+                again.load_state_dict(dict(state, batch=14))
+
+    def test_close_and_the_with_block_stop_the_server(self):
+        loader = Loader(DATA, **SMALL)
+        pid = loader._proc.pid
+        next(iter(loader))
+        loader.close()
+        self.assertTrue(wait_gone(pid, 1), "close() waits for the server")
+        loader.close()
+        with self.assertRaisesRegex(LoaderError, "closed"):
+            next(iter(loader))
+        with Loader(DATA, **SMALL) as loader:
+            pid = loader._proc.pid
+        self.assertTrue(wait_gone(pid, 1))
+
+    def test_the_server_goes_when_its_python_process_is_killed(self):
+        for how in ("exit", "kill"):
+            code = ("import os, sys, numa_loader\n"
+                    "l = numa_loader.Loader(%r, batch_size=16, image_size=32, threads=1, "
+                    "no_bind=True, quiet=True)\n"
+                    "print(l._proc.pid, flush=True)\n"
+                    "%s\n" % (DATA, "sys.exit(0)" if how == "exit" else
+                              "os.kill(os.getpid(), 9)"))
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=PYDIR), timeout=120)
+            self.assertTrue(p.stdout.strip(), p.stderr)
+            pid = int(p.stdout.split()[0])
+            self.assertTrue(wait_gone(pid), "server %d outlives its Python process (%s)" % (pid, how))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+RANK_SCRIPT = r"""
+import json, os, sys
+import numa_loader
+kw = json.loads(sys.argv[1])
+try:
+    with numa_loader.Loader(kw.pop("data"), **kw) as l:
+        l.set_epoch(1)
+        out = {"len": len(l), "indices": [b.indices.tolist() for b in l]}
+    # The process group made after the Loader shares its store (rank 0 hosts it).
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["sum"] = t.item()
+    print(json.dumps(out))
+except numa_loader.LoaderError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def run_ranks(per_rank, extra_env=None):
+    port = str(free_port())
+    procs = []
+    for r, kw in enumerate(per_rank):
+        env = dict(os.environ, PYTHONPATH=PYDIR, RANK=str(r), WORLD_SIZE=str(len(per_rank)),
+                   LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(len(per_rank)),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **(extra_env or {}))
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT,
+                                       json.dumps(dict(kw, data=DATA))], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert out.strip(), err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+class TwoRanksTest(unittest.TestCase):
+    def test_ranks_share_the_epoch(self):
+        kw = dict(SMALL, seed=4, timeout_s=60)
+        a, b = run_ranks([kw, kw])
+        self.assertEqual(a["len"], b["len"])
+        self.assertEqual(a["len"], 7)  # 100 samples a rank, batches of 16
+        self.assertEqual([a["sum"], b["sum"]], [2.0, 2.0])
+        got = sorted(sum(a["indices"], []) + sum(b["indices"], []))
+        self.assertEqual(got, list(range(200)), "the ranks' shares partition the split")
+
+    def test_a_mismatch_raises_on_every_rank_naming_the_setting(self):
+        t0 = time.monotonic()
+        outs = run_ranks([dict(SMALL, timeout_s=60), dict(SMALL, batch_size=8, seed=1,
+                                                          timeout_s=60)])
+        self.assertLess(time.monotonic() - t0, 60)
+        for r, out in enumerate(outs):
+            self.assertIn("error", out, "rank %d went on" % r)
+            self.assertIn("batch_size: rank 0 has 16; rank 1 has 8", out["error"])
+            self.assertIn("seed: rank 0 has 0; rank 1 has 1", out["error"])
+            self.assertIn("rank %d: the ranks' loaders do not agree" % r, out["error"])
+
+
+TORCHRUN_SCRIPT = r"""
+import json, os, sys
+import torch.distributed as dist
+import numa_loader
+dist.init_process_group("gloo")
+with numa_loader.Loader(sys.argv[1], batch_size=16, image_size=32, threads=1, no_bind=True,
+                        quiet=True) as l:
+    out = {"job": l.job_id, "rank": l.rank, "world": l.world_size, "len": len(l), "epochs": []}
+    for epoch in range(2):
+        l.set_epoch(epoch)
+        out["epochs"].append([b.indices.tolist() for b in l])
+with open(os.path.join(sys.argv[2], "rank%d.json" % dist.get_rank()), "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+class TorchrunTest(unittest.TestCase):
+    def test_under_torchrun_each_rank_starts_its_own_server(self):
+        out = tempfile.mkdtemp(dir=WORK)
+        script = os.path.join(out, "train.py")
+        with open(script, "w") as f:
+            f.write(TORCHRUN_SCRIPT)
+        # Debian's torch 1.13 on Python 3.11: -r 2 -t 2 (see the README).
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "-r", "2", "-t", "2",
+                            "--log_dir", os.path.join(out, "logs"), "--nproc_per_node", "2",
+                            "--master_port", str(free_port()), script, DATA, out],
+                           env=dict(os.environ, PYTHONPATH=PYDIR), capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        ranks = []
+        for r in (0, 1):
+            with open(os.path.join(out, "rank%d.json" % r)) as f:
+                ranks.append(json.load(f))
+        self.assertEqual(ranks[0]["job"], ranks[1]["job"], "the ranks derive one job id")
+        self.assertEqual([r["world"] for r in ranks], [2, 2])
+        for e in range(2):
+            got = sorted(sum(ranks[0]["epochs"][e], []) + sum(ranks[1]["epochs"][e], []))
+            self.assertEqual(got, list(range(200)), "epoch %d: the shares partition the split" % e)
+        self.assertNotEqual(ranks[0]["epochs"][0], ranks[0]["epochs"][1])
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:])
