@@ -11,7 +11,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev libboost-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libtorch-dev libgloo-dev
-  python3 python3-lmdb python3-pil python3-numpy python3-torchvision
+  python3 python3-lmdb python3-pil python3-numpy python3-torchvision python3-tqdm
+  python3-venv python3-pip python3-setuptools  # numa_loader installs with pip (tested in a venv)
   strace  # tests slow a process down with its fault injection
   ccache  # CI compiles a file once for its two builds with the same flags
 )

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The numa_loader package installed the two ways the README gives: `cmake
+# --install` into a prefix (the package runs that prefix's loader and
+# library), and `pip install` of <build>/python into a venv (it runs the
+# build's); each then feeds a Loader from a pack made by its pack_tool.
+# Usage: install_test.sh BUILD_DIR PYTHON_DIR_UNDER_PREFIX
+set -uo pipefail
+BUILD=$1
+PYREL=$2
+. "$(dirname "$0")/../../../../tests/cli_lib.sh"
+unset NUMA_LOADER_LIB NUMA_LOADER_BIN PYTHONPATH
+
+# check PYTHON WANT_BIN WANT_LIB PACK_TOOL: the package's paths, and a Loader's epoch.
+check() {
+  local py=$1 bin=$2 lib=$3 pt=$4 name=$5
+  rm -rf "$W/c" "$W/p"
+  "$pt" fake-cifar100 "$W/c" --train 40 --test 4 >/dev/null && "$pt" cifar100 "$W/c" "$W/p" >/dev/null 2>&1 ||
+    { fail "$name: packing with $pt"; return; }
+  expect_rc_stdout 0 "$name: the package runs $bin and $lib" "$py" -c "
+import os, sys
+os.chdir('/')  # not the source tree: the installed package
+import numa_loader
+assert numa_loader.loader_path() == '$bin', numa_loader.loader_path()
+assert numa_loader.library_path() == '$lib', numa_loader.library_path()
+assert not numa_loader.__file__.startswith('$BUILD/python/'), numa_loader.__file__
+with numa_loader.Loader('$W/p', batch_size=8, image_size=32, threads=1, no_bind=True, quiet=True) as l:
+    print(len(l), sum(len(y) for x, y in l))
+"
+  expect_text "5 40" "$name: a Loader gives the 40 samples in 5 batches"
+}
+
+PREFIX=$W/prefix
+expect_rc 0 "cmake --install into a prefix" cmake --install "$BUILD" --prefix "$PREFIX"
+PYTHONPATH=$PREFIX/$PYREL check /usr/bin/python3 "$PREFIX/bin/loader" "$PREFIX/lib/libnl_client.so" \
+  "$PREFIX/bin/pack_tool" "cmake --install"
+
+expect_rc 0 "a venv (with the system's numpy and torch)" /usr/bin/python3 -m venv --system-site-packages "$W/venv"
+expect_rc 0 "pip install <build>/python" "$W/venv/bin/pip" install -q --no-build-isolation --no-index "$BUILD/python"
+check "$W/venv/bin/python" "$BUILD/bin/loader" "$BUILD/lib/libnl_client.so" "$BUILD/bin/pack_tool" "pip install"
+finish
