@@ -334,5 +334,17 @@ class TorchrunTest(unittest.TestCase):
         self.assertNotEqual(ranks[0]["epochs"][0], ranks[0]["epochs"][1])
 
 
+class ReadmeTest(unittest.TestCase):
+    def test_the_readmes_train_py_trains_two_epochs(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, PYTHONPATH=PYDIR, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                   LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        p = subprocess.run([sys.executable, os.path.join(here, "readme_loop_check.py"),
+                            os.path.join(here, "..", "..", "..", "..", "README.md"), "loader", DATA],
+                           env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertRegex(p.stdout, r"README train.py: 2 epochs of 4 batches")
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:])

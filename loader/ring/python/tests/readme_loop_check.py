@@ -1,14 +1,21 @@
-"""Runs the README's DDP loop (the python block under "Python (PyTorch DDP)
-consumer") on CPU: torch.distributed with Gloo, world size 1. On a machine
-without a GPU the CUDA calls map to the CPU: Tensor.cuda and Module.cuda
-return the object itself, "nccl" becomes "gloo", DDP gets no device_ids, and
-torch.cuda.current_stream().record_event() gives an event that counts its
-synchronize() calls.
+"""Runs the README's Python blocks (the section "Python (PyTorch DDP)") on CPU.
 
-Usage: readme_loop_check.py README.md  (env: NL_JOB_ID, RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT; PYTHONPATH holds numa_loader)
+    readme_loop_check.py README.md loader DATA
+        train.py, the Loader's loop: torch.distributed with Gloo, world size 1,
+        its data set swapped for DATA and 90 epochs for 2. Checks every batch
+        of each epoch trained once and tqdm was given a total.
+    readme_loop_check.py README.md client
+        the Client's loop, against a `loader serve` of $NL_JOB_ID: checks a
+        release_after event was synchronized per batch.
+
+On a machine without a GPU the CUDA calls map to the CPU: Tensor.cuda and
+Module.cuda return the object itself, "nccl" becomes "gloo", DDP gets no
+device_ids, and torch.cuda.current_stream().record_event() gives an event
+that counts its synchronize() calls. (env: RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT; PYTHONPATH holds numa_loader)
 """
 import math
+import os
 import re
 import sys
 
@@ -16,17 +23,19 @@ import torch
 import torch.distributed as dist
 
 text = open(sys.argv[1]).read()
-section = text.split("## Python (PyTorch DDP) consumer", 1)[1]
-code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-assert "release_after" in code and "non_blocking=True" in code, code
+mode = sys.argv[2]
+section = text.split("## Python (PyTorch DDP)", 1)[1].split("\n## ", 1)[0]
+blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+assert len(blocks) == 2, "the section has %d python blocks, not 2" % len(blocks)
 
 synced = []
 losses = []
+batches = []
 
 
 class Event:
     def synchronize(self):
-        synced.append(len(losses))  # steps done when it was synchronized
+        synced.append(len(batches))
 
 
 class Stream:
@@ -58,13 +67,52 @@ def ce(*a, **k):
 
 
 torch.nn.functional.cross_entropy = ce
-exec(compile(code, "README.md (DDP loop)", "exec"), {"__name__": "__main__"})
-steps = len(losses)
-values = losses
-assert steps >= 1, "the loop took no batch"
-assert all(math.isfinite(v) for v in values), values
-if not torch.cuda.is_available():
-    assert len(synced) == steps, "%d events synchronized for %d steps" % (len(synced), steps)
-dist.destroy_process_group()
-print("README loop: %d steps, loss %.3f -> %.3f, %d events synchronized" % (
-    steps, values[0], values[-1], len(synced)))
+
+if mode == "loader":
+    import numa_loader
+    import tqdm as tqdm_module
+
+    totals = []
+
+    class Tqdm(tqdm_module.tqdm):
+        def __init__(self, iterable=None, *a, **k):
+            super().__init__(iterable, *a, **k)
+            totals.append(self.total)
+
+    tqdm_module.tqdm = Tqdm
+    code = blocks[0]
+    for want in ("numa_loader.Loader(", "set_epoch(epoch)", "tqdm(loader", "for x, y in"):
+        assert want in code, "train.py has no %r" % want
+    assert code.count('"~/data/c100"') == 1 and code.count("range(90)") == 1, code
+    code = code.replace('"~/data/c100"', repr(sys.argv[3])).replace("range(90)", "range(2)")
+    code = code.replace("image_size=224", "image_size=32")  # the same loop, a CPU's step
+
+    made = []
+    _Loader = numa_loader.Loader
+
+    def loader(*a, **k):
+        made.append(_Loader(*a, **k))
+        return made[-1]
+    numa_loader.Loader = loader
+    exec(compile(code, "README.md (train.py)", "exec"), {"__name__": "__main__"})
+    n = len(made[0])
+    assert made[0].closed, "the with block closed the Loader"
+    assert len(losses) == 2 * n, "%d steps for 2 epochs of %d batches" % (len(losses), n)
+    assert totals == [n, n], "tqdm's totals: %r" % totals
+    assert all(math.isfinite(v) for v in losses), losses
+    dist.destroy_process_group()
+    print("README train.py: 2 epochs of %d batches, loss %.3f -> %.3f" % (n, losses[0], losses[-1]))
+else:
+    code = blocks[1]
+    assert "release_after" in code and "non_blocking=True" in code, code
+    assert code.count('"run1"') == 1, code
+    code = code.replace('"run1"', repr(os.environ["NL_JOB_ID"]))
+    code = code.replace("        x = torch", "        batches.append(b.batch)\n        x = torch", 1)
+    exec(compile(code, "README.md (Client loop)", "exec"),
+         {"__name__": "__main__", "rank": 0, "numa_loader": __import__("numa_loader"),
+          "torch": torch, "os": os, "batches": batches})
+    assert batches, "the loop took no batch"
+    if not torch.cuda.is_available():
+        assert len(synced) == len(batches), "%d events synchronized for %d batches" % (
+            len(synced), len(batches))
+    print("README Client loop: %d batches, %d events synchronized" % (len(batches), len(synced)))

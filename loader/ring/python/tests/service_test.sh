@@ -239,12 +239,12 @@ expect_rc 1 "python3 -m numa_loader.consume exits 1 on the producer's error" \
 expect_text "index 37" "its message names the record"
 served bad2 1
 
-# --- (e) the README's DDP loop, on CPU with Gloo, world size 1 ------------
+# --- (e) the README's Client loop (train.py's is loader_test.py's) ----------
 serve readme "$W/p" --epochs 1 --seed 7
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-expect_rc_stdout 0 "the README's DDP loop runs" env NL_JOB_ID="$JOB-readme" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 \
-  MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" $PY "$T/readme_loop_check.py" "$T/../../../../README.md"
-expect_out "^README loop: 13 steps, .* 13 events synchronized" "13 steps, an event synchronized per batch"
+expect_rc_stdout 0 "the README's Client loop runs" env NL_JOB_ID="$JOB-readme" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" $PY "$T/readme_loop_check.py" "$T/../../../../README.md" client
+expect_out "^README Client loop: 13 batches, 13 events synchronized" "13 batches, an event synchronized per batch"
 served readme 0
 
 finish
