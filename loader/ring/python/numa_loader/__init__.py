@@ -186,10 +186,10 @@ def _load():
 _WAIT_SLICE_S = 0.25
 
 
-def _wait(call, timeout_s):
+def _wait(call, timeout_s, stop=None):
     """call(t) repeated with t <= _WAIT_SLICE_S while it returns NL_TIMEOUT, until
-    timeout_s has passed (timeout_s < 0: as long as it takes). Returns the last
-    code and the seconds spent in calls that timed out."""
+    timeout_s has passed (timeout_s < 0: as long as it takes) or stop() says so.
+    Returns the last code and the seconds spent in calls that timed out."""
     deadline = None if timeout_s < 0 else time.monotonic() + timeout_s
     waited = 0.0
     while True:
@@ -199,6 +199,8 @@ def _wait(call, timeout_s):
         t0 = time.monotonic()
         rc = call(t)
         if rc != NL_TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
+            return rc, waited
+        if stop is not None and stop():
             return rc, waited
         waited += time.monotonic() - t0
 
@@ -466,12 +468,18 @@ class Client:
 
     def __next__(self):
         """Releases the batch the iterator gave last, then returns the next one."""
+        return self._next_batch(None)
+
+    def _next_batch(self, stop):
+        """__next__, or None when stop() turns true while it waits."""
         self._check_open()
         if self._held is not None:
             self._held.release()
         raw = _NlBatch()
         rc, waited = _wait(lambda t: self._lib.nl_next(self._handle, t, ctypes.byref(raw)),
-                           self.timeout_s)
+                           self.timeout_s, stop)
+        if rc == NL_TIMEOUT and stop is not None and stop():
+            return None
         if rc == NL_OK:
             self._held = Batch(self, raw, waited + raw.wait_s)
             return self._held

@@ -146,6 +146,22 @@ class OneRankTest(unittest.TestCase):
             x[:] = 7  # the caller's own: nothing reaches the ring
             self.assertTrue(torch.equal(next(iter(loader)).x, first))
 
+    def test_tensors_kept_and_their_views_outlive_the_memory_reused_for_later_batches(self):
+        with Loader(DATA, seed=3, **SMALL) as loader:
+            it = iter(loader)
+            a, b = next(it), next(it)
+            whole, whole_was = a.x, a.x.clone()
+            part, part_was = b.x[2:5], b.x[2:5].clone()  # only a view of b's tensor is kept
+            del a, b
+            for _ in range(3):
+                for x, y in it:
+                    x.fill_(255)  # the caller's to change
+                loader.set_epoch(loader.epoch + 1)
+                it = iter(loader)
+            self.assertTrue(torch.equal(whole, whole_was), "a kept batch was overwritten")
+            self.assertTrue(torch.equal(part, part_was), "a kept view was overwritten")
+            self.assertLessEqual(len(loader._pool._free.get(((16, 3, 32, 32), "|u1"), [])), 4)
+
     def test_batches_equal_a_client_of_a_server_given_the_same_flags(self):
         opts = dict(SMALL, seed=9, augment=True, normalize=True)
         with Loader(DATA, **opts) as loader:
