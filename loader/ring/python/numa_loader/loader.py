@@ -501,6 +501,7 @@ class Loader:
         self._proc = None
         self._client = None
         self._log = None
+        self._pid = os.getpid()
         unknown = sorted(set(options) - set(SERVE_OPTIONS))
         if unknown:
             raise TypeError("Loader got unknown keyword argument%s %s (the loader serve "
@@ -679,6 +680,7 @@ class Loader:
                 self._next = copier.stream_next
 
     _copier = None
+    _getpid = staticmethod(os.getpid)  # (module globals may be gone when a finalizer runs at exit)
 
     def _copy(self, got):
         import torch
@@ -734,6 +736,9 @@ class Loader:
         """Stops the server (it exits once told goodbye; after 10 s it is
         terminated). Closing twice is a no-op."""
         _LIVE.discard(self)
+        if self._pid != self._getpid():  # a forked child: the server is the parent's
+            self._client = self._proc = self._copier = None
+            return
         self._stop_copier()
         client, self._client = self._client, None
         if client is not None:
@@ -762,6 +767,9 @@ class Loader:
     def _check_open(self):
         if self._client is None:
             raise LoaderError("this Loader (job %s, rank %d) is closed" % (self.job_id, self.rank))
+        if self._pid != self._getpid():
+            raise LoaderError("this Loader was made in process %d, and this is process %d (a "
+                              "fork): make a Loader of its own here" % (self._pid, os.getpid()))
 
     def _server_state(self):
         if self._proc is None:

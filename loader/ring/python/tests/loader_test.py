@@ -227,6 +227,26 @@ class OneRankTest(unittest.TestCase):
             pid = loader._proc.pid
         self.assertTrue(wait_gone(pid, 1))
 
+    def test_a_forked_child_neither_uses_nor_stops_the_parents_server(self):
+        with Loader(DATA, **SMALL) as loader:
+            it = iter(loader)
+            next(it)
+            pid = os.fork()
+            if pid == 0:  # the child: iterating raises, closing leaves the server alone
+                code = 1
+                try:
+                    try:
+                        next(iter(loader))
+                    except LoaderError as e:
+                        code = 0 if "a fork" in str(e) else 2
+                    loader.close()
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+            self.assertTrue(alive(loader._proc.pid), "the child stopped the parent's server")
+            self.assertEqual(len(list(it)), 12, "the parent's epoch goes on")
+
     def test_the_server_goes_when_its_python_process_is_killed(self):
         for how in ("exit", "kill"):
             code = ("import os, sys, numa_loader\n"
