@@ -3,6 +3,7 @@
 
 import atexit
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -111,16 +112,26 @@ def _flag_value(name, kind, value):
             return value
         return str(_whole(name, value, 2**62))
     if kind in ("floats", "ints"):
-        items = value.split(",") if isinstance(value, str) else list(value)
+        try:
+            items = value.split(",") if isinstance(value, str) else list(value)
+        except TypeError:
+            raise TypeError("%s must be a list of numbers or a comma-separated string, not %r"
+                            % (name, value)) from None
+        if not items:
+            raise ValueError("%s is empty" % name)
         out = []
         for v in items:
-            if kind == "ints":
-                out.append(str(_whole(name, int(v) if isinstance(v, str) else v, _INT_MAX)))
-            else:
+            try:
+                if kind == "ints":
+                    out.append(str(_whole(name, int(v) if isinstance(v, str) else v, _INT_MAX)))
+                    continue
                 f = float(v)
-                if f != f or f in (float("inf"), float("-inf")):
-                    raise ValueError("%s holds %r, not a finite number" % (name, v))
-                out.append(repr(f))
+            except ValueError:
+                raise ValueError("%s holds %r, not a %s" % (
+                    name, v, "whole number" if kind == "ints" else "number")) from None
+            if f != f or f in (float("inf"), float("-inf")):
+                raise ValueError("%s holds %r, not a finite number" % (name, v))
+            out.append(repr(f))
         return ",".join(out)
     if not isinstance(value, str):
         raise TypeError("%s must be a string, not %r" % (name, value))
@@ -141,6 +152,18 @@ def _serve_args(options):
         if kind != "flag":
             args.append(text)
     return args
+
+
+def _seconds(name, value):
+    """A timeout: None (no limit) or a positive number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("%s must be a number of seconds or None, not %r" % (name, value))
+    if not 0 < value < float("inf"):
+        raise ValueError("%s must be more than 0 and finite (None: no limit), not %r"
+                         % (name, value))
+    return float(value)
 
 
 def _env_int(name):
@@ -194,39 +217,86 @@ def _dist():
 
 
 _SEQUENCE = [0]  # Loaders made by this process: part of the derived job id
+_STORES = {}  # (address, port) -> the store a Loader made there, kept for the process's life
 
 
-def _derived_job_id(split):
-    """A job id this process's ranks do not share with another job on the node:
-    from torchrun's run id and restart count, or the master address and port,
-    and this process's id and its count of Loaders."""
+def _derived_job_id(split, rank, world_size, store, deadline):
+    """A job id every rank of this job shares (the ring's name adds the rank) and
+    no other job on the node has: from torchrun's run id and restart count, or
+    the master address and port; else rank 0's, through the store; a process
+    on its own adds its pid. Each Loader of the process adds its count."""
+    seq = _SEQUENCE[0]
+    _SEQUENCE[0] += 1
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
     where = "%s:%s" % (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""))
-    # Every rank of a job derives the same id (the ring's name adds the rank);
-    # a process on its own adds its pid.
-    alone = not run and where == ":"
+    named = bool(run) or where != ":"
     base = "|".join([run, os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), where,
-                     str(os.getpid()) if alone else "", str(_SEQUENCE[0]), split])
-    _SEQUENCE[0] += 1
-    return "nl-%s-%d" % (hashlib.sha256(base.encode("utf-8", "surrogateescape")).hexdigest()[:16],
-                         _SEQUENCE[0] - 1)
+                     "" if named and world_size > 1 else str(os.getpid()), str(seq), split])
+    mine = "nl-%s-%d" % (hashlib.sha256(base.encode("utf-8", "surrogateescape")).hexdigest()[:16],
+                         seq)
+    if world_size == 1 or named or store is None:
+        return mine
+    key = "numa_loader/job-id/%d" % seq  # (a process group made without MASTER_*: tcp://, file://)
+    if rank == 0:
+        _publish(store, key, mine)
+        return mine
+    _store_wait(store, [key], deadline, rank, "rank 0's job id")
+    return store.get(key).decode()
 
 
-def _settings_store(rank, world_size, timeout_s):
-    """A store every rank shares, for comparing settings: the process group's, or
-    one at torchrun's MASTER_ADDR:MASTER_PORT (as init_process_group would make
-    it); None with one rank or without either (the check is then skipped)."""
+def _publish(store, key, value):
+    """store[key] = value, and its counter key + "/n" raised to 1 (a store's add
+    answers at once whether a key is there; its wait, once timed out, leaves the
+    connection unusable, and a PrefixStore has no check)."""
+    store.set(key, value)
+    store.add(key + "/n", 1)
+
+
+def _store_wait(store, keys, deadline, rank, what):
+    """Waits until every key is published, or the deadline (None: no limit)
+    passes: then a LoaderError naming the keys still missing."""
+    t0 = time.monotonic()
+    pause = 0.005
+    pending = list(keys)
+    while pending:
+        pending = [k for k in pending if store.add(k + "/n", 0) < 1]
+        if not pending:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise LoaderError("rank %d: %s did not come within %.0f s (missing: %s)"
+                              % (rank, what, time.monotonic() - t0, ", ".join(pending)))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _settings_store(rank, world_size, deadline):
+    """A store every rank shares, for agreeing on the job id and comparing
+    settings: the process group's, or one at MASTER_ADDR:MASTER_PORT (torchrun's
+    agent's, or rank 0's, which init_process_group later shares); None with one
+    rank or without either (the check is then skipped, and says why)."""
     if world_size == 1:
         return None, "one rank"
     dist = _dist()
     if dist is not None:
         return dist.distributed_c10d._get_default_store(), ""
-    if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
         return None, "no process group is initialised and MASTER_ADDR/MASTER_PORT are not set"
+    if (addr, port) in _STORES:
+        return _STORES[(addr, port)], ""
     import datetime
     import torch.distributed as tdist
-    store, _, _ = next(tdist.rendezvous("env://", rank, world_size,
-                                        timeout=datetime.timedelta(seconds=timeout_s)))
+    left = 10 * 365 * 86400 if deadline is None else max(0.001, deadline - time.monotonic())
+    try:
+        store, _, _ = next(tdist.rendezvous("env://", rank, world_size,
+                                            timeout=datetime.timedelta(seconds=left)))
+    except (RuntimeError, ValueError, OSError) as e:  # (torch raises the builtin TimeoutError)
+        raise LoaderError("rank %d: cannot reach the store at MASTER_ADDR:MASTER_PORT (%s:%s, rank "
+                          "0's or torchrun's) within %.0f s: %s" % (rank, addr, port, left, e)) \
+            from None
+    # Kept: on rank 0 it serves the others, and init_process_group's own store
+    # at the same port is this one (TCPStore's multi-tenant server).
+    _STORES[(addr, port)] = store
     return store, ""
 
 
@@ -287,46 +357,87 @@ class _BlockPool:
                 blocks.append(block)
 
 
+def _copy_batch(pool, pin_memory, got):
+    """A batch copied out of its slot into the caller's tensors; the slot released."""
+    import torch
+    pixels, labels, indices = got.pixels, got.labels, got.indices
+    dtype = torch.uint8 if pixels.dtype == np.uint8 else torch.float32
+    if pin_memory and torch.cuda.is_available():
+        # (torch's pinned allocator keeps and reuses its blocks itself)
+        x = torch.empty(pixels.shape, dtype=dtype, pin_memory=True)
+        y = torch.empty(labels.shape, dtype=torch.int64, pin_memory=True)
+        np.copyto(x.numpy(), pixels)
+        np.copyto(y.numpy(), labels)
+    else:
+        xa = pool.array(pixels.shape, pixels.dtype)
+        np.copyto(xa, pixels)
+        x = torch.from_numpy(xa)
+        y = torch.from_numpy(np.array(labels))
+    idx = torch.from_numpy(np.array(indices))
+    item = LoaderBatch(x, y, idx, got.epoch, got.batch, got.wait_s)
+    got.release()
+    return item
+
+
+def _server_state(proc, log):
+    """The server's state, for error messages: running, or how it exited and its last lines."""
+    if proc is None:
+        return "stopped"
+    rc = proc.poll()
+    if rc is None:
+        return "running, pid %d" % proc.pid
+    state = "exited with " + ("signal %d" % -rc if rc < 0 else "status %d" % rc)
+    tail = log.tail(4) if log is not None else ""
+    return state + (":\n" + tail if tail else "")
+
+
+class _Stopped(Exception):
+    """The copier was stopped (close(), a new iter(), the end of the loop)."""
+
+
 class _Copier:
     """An iteration's thread: takes the epoch's batches from the client and copies
     each into the caller's tensors, one or two batches ahead of the training
     loop, so the copy (numpy's releases the GIL) overlaps the step. While it
-    runs, no other thread uses the client."""
+    runs, no other thread uses the client. It holds no reference to the Loader
+    (a Loader dropped mid-iteration is collected, and stops it)."""
 
     _AHEAD = 2
 
-    def __init__(self, loader, epoch, start, n):
+    def __init__(self, client, copy, describe, rank, epoch, start, n):
         import queue
-        self._loader, self._epoch, self._start, self._n = loader, epoch, start, n
+        self._client, self._copy, self._describe = client, copy, describe
+        self._rank, self._epoch, self._start, self._n = rank, epoch, start, n
         self._queue = queue.Queue(self._AHEAD)
         self._stop = threading.Event()
         self.stream_next = None  # the stream's position after the last batch taken
         self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="numa_loader copier (rank %d)" % loader.rank)
+                                        name="numa_loader copier (rank %d)" % rank)
         self._thread.start()
 
     def _run(self):
-        loader, epoch, n = self._loader, self._epoch, self._n
+        epoch, n = self._epoch, self._n
         try:
             for b in range(self._start, n):
                 try:
-                    got = loader._client._next_batch(self._stop.is_set)
+                    got = self._client._next_batch(self._stop.is_set)
                 except StopIteration:
                     raise LoaderError("loader serve for rank %d ended its stream at epoch %d "
-                                      "batch %d (%s)" % (loader.rank, epoch, b,
-                                                         loader._server_state())) from None
+                                      "batch %d (%s)" % (self._rank, epoch, b,
+                                                         self._describe())) from None
                 except LoaderError as e:
-                    raise LoaderError("%s\n(loader serve: %s)" % (e, loader._server_state())) \
-                        from None
+                    if self._stop.is_set():
+                        return
+                    raise LoaderError("%s\n(loader serve: %s)" % (e, self._describe())) from None
                 if got is None:
                     return
                 self.stream_next = (got.epoch, got.batch + 1) if got.batch + 1 < n \
                     else (got.epoch + 1, 0)
                 if (got.epoch, got.batch) != (epoch, b):
                     raise LoaderError("rank %d expected epoch %d batch %d and got epoch %d batch "
-                                      "%d from its server" % (loader.rank, epoch, b, got.epoch,
+                                      "%d from its server" % (self._rank, epoch, b, got.epoch,
                                                                got.batch))
-                if not self._put(loader._copy(got)):
+                if not self._put(self._copy(got)):
                     return
         except BaseException as e:  # noqa: BLE001 - carried to the training loop's thread
             self._put(e)
@@ -342,15 +453,17 @@ class _Copier:
         return False
 
     def get(self):
-        """The next batch (raising what the thread raised)."""
+        """The next batch (raising what the thread raised; _Stopped once stopped)."""
         import queue
         while True:
+            if self._stop.is_set():
+                raise _Stopped()
             try:
                 item = self._queue.get(timeout=_SLICE_S)
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
-                    raise LoaderError("the Loader's copier thread ended without a batch") from None
+                    raise _Stopped() from None
         if isinstance(item, BaseException):
             raise item
         return item
@@ -509,17 +622,19 @@ class Loader:
                                                   ", ".join(unknown), ", ".join(SERVE_OPTIONS)))
         opts = {k: d for k, (_, d) in SERVE_OPTIONS.items()}
         opts.update(options, split=split)
-        if not isinstance(data, (str, os.PathLike)):
+        if not isinstance(data, (str, bytes, os.PathLike)):
             raise TypeError("data must be a path, not %r" % (data,))
-        self.data = os.path.abspath(os.path.expanduser(os.fspath(data)))
+        self.data = os.path.abspath(os.path.expanduser(os.fsdecode(data)))
+        if "\0" in self.data:
+            raise ValueError("data %r holds a NUL character" % self.data)
         args = _serve_args(opts)  # checks every value
         self.options = opts
         self.rank, self.world_size, self.local_rank, self.local_world_size = _placement(
             rank, world_size, local_rank, local_world_size)
-        self.job_id = _derived_job_id(split) if job_id is None else str(job_id)
-        if "\0" in self.job_id:
-            raise ValueError("job id %r holds a NUL character" % self.job_id)
-        self.timeout_s = float(timeout_s)
+        if job_id is not None and "\0" in str(job_id):
+            raise ValueError("job id %r holds a NUL character" % str(job_id))
+        self.timeout_s = _seconds("timeout_s", timeout_s)
+        start_timeout_s = _seconds("start_timeout_s", start_timeout_s)
         self.pin_memory = bool(pin_memory)
         self.quiet = bool(quiet)
         self._pool = _BlockPool(keep=4)
@@ -529,15 +644,27 @@ class Loader:
         self._next = None  # (epoch, batch) the server's stream gives next
         self._iterated = set()  # epochs iterated to the end (to warn of a missing set_epoch)
         data_id = _manifest_id(self.data)
-        self._start(args, float(start_timeout_s))
-        self._next = (0, 0)  # the server starts there
+        # The ranks agree on the job id and compare their settings within timeout_s.
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        self._store, why = _settings_store(self.rank, self.world_size, deadline)
+        self.job_id = str(job_id) if job_id is not None else _derived_job_id(
+            split, self.rank, self.world_size, self._store, deadline)
         try:
+            self._start(args, start_timeout_s)
+            self._next = (0, 0)  # the server starts there
             info = self._client.info
             self._settings = dict(
                 {k: opts[k] for k in _AGREED if k in opts},
                 data=data_id, world_size=self.world_size, batches_per_epoch=info.batches_per_epoch,
-                sample_bytes=info.sample_bytes, order=self._log.wait_order(self.timeout_s))
-            self._check_settings()
+                sample_bytes=info.sample_bytes,
+                order=self._log.wait_order(30 if self.timeout_s is None else self.timeout_s))
+            if self._store is None:
+                if self.world_size > 1:
+                    warnings.warn("numa_loader.Loader: the ranks' settings were not compared: "
+                                  + why)
+            else:
+                deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+                self._check_settings(deadline)
         except BaseException:
             self.close()
             raise
@@ -549,6 +676,8 @@ class Loader:
                "--rank", str(self.rank), "--world-size", str(self.world_size),
                "--local-rank", str(self.local_rank),
                "--local-world-size", str(self.local_world_size)] + args
+        if start_timeout_s is not None:  # (it ends if no consumer comes: no PDEATHSIG off the main thread)
+            cmd += ["--attach-timeout", repr(max(start_timeout_s, 1.0))]
         main = threading.current_thread() is threading.main_thread()
         parent = os.getpid()
         try:
@@ -559,13 +688,13 @@ class Loader:
             raise LoaderError("cannot start %s: %s" % (cmd[0], e.strerror or e)) from None
         _LIVE.add(self)
         self._log = _ServerLog(self._proc.stderr, self.quiet)
-        deadline = time.monotonic() + start_timeout_s
+        deadline = None if start_timeout_s is None else time.monotonic() + start_timeout_s
         while True:
             if self._proc.poll() is not None:
                 self._log.join(5)
                 raise LoaderError("loader serve for rank %d exited with %s before it served:\n%s"
                                   % (self.rank, self._exit_text(), self._log.tail()))
-            left = deadline - time.monotonic()
+            left = 0.5 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise LoaderError("loader serve for rank %d (pid %d) did not start serving within "
                                   "%.0f s:\n%s" % (self.rank, self._proc.pid, start_timeout_s,
@@ -583,23 +712,21 @@ class Loader:
             return "nothing yet"
         return "signal %d" % -rc if rc < 0 else "status %d" % rc
 
-    def _check_settings(self):
-        store, why = _settings_store(self.rank, self.world_size, self.timeout_s)
-        if store is None:
-            if self.world_size > 1:
-                warnings.warn("numa_loader.Loader: the ranks' settings were not compared: " + why)
-            return
-        import datetime
+    def _check_settings(self, deadline):
         import torch.distributed as tdist
-        prefix = tdist.PrefixStore("numa_loader/%s" % self.job_id, store)
-        prefix.set("settings/%d" % self.rank, json.dumps(self._settings, sort_keys=True))
+        prefix = tdist.PrefixStore("numa_loader/%s" % self.job_id, self._store)
+        _publish(prefix, "settings/%d" % self.rank, json.dumps(self._settings, sort_keys=True))
         keys = ["settings/%d" % r for r in range(self.world_size)]
-        try:
-            prefix.wait(keys, datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
-            raise LoaderError("rank %d: not every rank's Loader published its settings within "
-                              "%.0f s (%s)" % (self.rank, self.timeout_s, e)) from None
+        _store_wait(prefix, keys, deadline, self.rank, "every rank's Loader settings")
         everyone = [json.loads(prefix.get(k)) for k in keys]
+        # Read by all before any goes on: rank 0 may host the store, and a rank
+        # that raises may end its process.
+        _publish(prefix, "read/%d" % self.rank, "1")
+        try:
+            _store_wait(prefix, ["read/%d" % r for r in range(self.world_size)], deadline,
+                        self.rank, "every rank's reading of the settings")
+        except LoaderError:
+            pass  # the others had what they needed, or have their own error
         diff = _compare(self._settings, everyone)
         if diff:
             raise LoaderError("rank %d: the ranks' loaders do not agree:\n  %s"
@@ -639,29 +766,32 @@ class Loader:
             warnings.warn("numa_loader.Loader: epoch %d is iterated again: call "
                           "loader.set_epoch(epoch) before each epoch for a new shuffle" % epoch,
                           stacklevel=2)
-        return self._epoch_batches(epoch, start, n)
+        return self._epoch_batches(epoch, start, n, self._generation)
 
     _warn_repeat = True  # once a Loader
     _epoch_set = False  # set_epoch() was called since the last iter()
 
     _generation = 0  # iter() calls: an older iterator stops working
 
-    def _epoch_batches(self, epoch, start, n):
-        generation = self._generation
+    def _epoch_batches(self, epoch, start, n, generation):
+        self._check_current(generation, epoch)
         self._stop_copier()  # an earlier iteration's
         if start < n and self._next != (epoch, start):
             self._client.seek(epoch, start)
             self._next = (epoch, start)
         if start >= n:
             return
-        copier = self._copier = _Copier(self, epoch, start, n)
+        copier = self._copier = _Copier(
+            self._client, functools.partial(_copy_batch, self._pool, self.pin_memory),
+            functools.partial(_server_state, self._proc, self._log), self.rank, epoch, start, n)
         try:
             for b in range(start, n):
-                self._check_open()
-                if generation != self._generation:
-                    raise LoaderError("this iterator of the Loader (epoch %d) was replaced by a "
-                                      "later iter(); one iteration at a time" % epoch)
-                item = copier.get()
+                self._check_current(generation, epoch)
+                try:
+                    item = copier.get()
+                except _Stopped:
+                    self._check_current(generation, epoch)  # says who stopped it
+                    raise LoaderError("this iteration of the Loader was stopped") from None
                 self._state = (epoch, b + 1)  # a state_dict() taken now resumes after this batch
                 if b + 1 == n:
                     self._iterated.add(epoch)
@@ -669,6 +799,12 @@ class Loader:
         finally:
             if self._copier is copier:
                 self._stop_copier()
+
+    def _check_current(self, generation, epoch):
+        self._check_open()
+        if generation != self._generation:
+            raise LoaderError("this iterator of the Loader (epoch %d) was replaced by a later "
+                              "iter(); one iteration at a time" % epoch)
 
     def _stop_copier(self):
         """Stops the iteration's copier thread; the stream's position is then
@@ -681,26 +817,6 @@ class Loader:
 
     _copier = None
     _getpid = staticmethod(os.getpid)  # (module globals may be gone when a finalizer runs at exit)
-
-    def _copy(self, got):
-        import torch
-        pixels, labels, indices = got.pixels, got.labels, got.indices
-        dtype = torch.uint8 if pixels.dtype == np.uint8 else torch.float32
-        if self.pin_memory and torch.cuda.is_available():
-            # (torch's pinned allocator keeps and reuses its blocks itself)
-            x = torch.empty(pixels.shape, dtype=dtype, pin_memory=True)
-            y = torch.empty(labels.shape, dtype=torch.int64, pin_memory=True)
-            np.copyto(x.numpy(), pixels)
-            np.copyto(y.numpy(), labels)
-        else:
-            xa = self._pool.array(pixels.shape, pixels.dtype)
-            np.copyto(xa, pixels)
-            x = torch.from_numpy(xa)
-            y = torch.from_numpy(np.array(labels))
-        idx = torch.from_numpy(np.array(indices))
-        item = LoaderBatch(x, y, idx, got.epoch, got.batch, got.wait_s)
-        got.release()
-        return item
 
     def state_dict(self):
         """Where iteration stands: {"epoch", "batch", "batches_per_epoch", "data"}: the
@@ -721,10 +837,12 @@ class Loader:
         if state.get("data", self._settings["data"]) != self._settings["data"]:
             raise ValueError("the state was saved on another data set (manifest %s, this one %s)"
                              % (str(state["data"])[:12], self._settings["data"][:12]))
-        if state.get("batches_per_epoch", len(self)) != len(self):
+        saved_n = _whole("the state's batches_per_epoch", state.get("batches_per_epoch", len(self)),
+                         2**63)
+        if saved_n != len(self):
             raise ValueError("the state was saved with %s batches an epoch, this loader has %d "
                              "(batch size, world size or split differ)"
-                             % (state["batches_per_epoch"], len(self)))
+                             % (saved_n, len(self)))
         epoch = _whole("the state's epoch", state["epoch"], 2**32)
         batch = _whole("the state's batch", state["batch"], len(self))
         self._epoch = epoch
@@ -733,8 +851,8 @@ class Loader:
     # -- lifetime -------------------------------------------------------------
 
     def close(self):
-        """Stops the server (it exits once told goodbye; after 10 s it is
-        terminated). Closing twice is a no-op."""
+        """Stops the server (it exits once told goodbye; after 5 s it is
+        terminated, and killed 5 s later). Closing twice is a no-op."""
         _LIVE.discard(self)
         if self._pid != self._getpid():  # a forked child: the server is the parent's
             self._client = self._proc = self._copier = None
@@ -749,12 +867,13 @@ class Loader:
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
-                proc.wait(10 if client is not None else 0.01)
+                proc.wait(5 if client is not None else 0.01)  # it exits once told goodbye
             except subprocess.TimeoutExpired:
                 proc.terminate()
                 try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped server cannot act on SIGTERM
+                    proc.wait(5)
+                except (OSError, subprocess.TimeoutExpired):
                     proc.kill()
                     proc.wait()
         if self._log is not None:
@@ -772,12 +891,7 @@ class Loader:
                               "fork): make a Loader of its own here" % (self._pid, os.getpid()))
 
     def _server_state(self):
-        if self._proc is None:
-            return "stopped"
-        rc = self._proc.poll()
-        state = "running, pid %d" % self._proc.pid if rc is None else "exited with " + self._exit_text()
-        tail = self._log.tail(4)
-        return state + (":\n" + tail if tail and rc is not None else "")
+        return _server_state(self._proc, self._log)
 
     def __enter__(self):
         return self

@@ -105,6 +105,53 @@ class OptionsTest(unittest.TestCase):
             Loader(DATA, job_id="a\0b")
         with self.assertRaisesRegex(LoaderError, "cannot read .*nowhere/manifest.json"):
             Loader(os.path.join(WORK, "nowhere"))
+        with self.assertRaisesRegex(ValueError, "mean holds '', not a number"):
+            Loader(DATA, mean="1,,2")
+        with self.assertRaisesRegex(ValueError, "mean is empty"):
+            Loader(DATA, mean=[])
+        with self.assertRaisesRegex(ValueError, "gpus holds 'a', not a whole number"):
+            Loader(DATA, gpus="a")
+        with self.assertRaisesRegex(ValueError, "timeout_s must be more than 0 and finite"):
+            Loader(DATA, timeout_s=float("nan"))
+        with self.assertRaisesRegex(ValueError, "start_timeout_s must be more than 0"):
+            Loader(DATA, start_timeout_s=-1)
+
+    def test_a_failed_start_stops_the_server_before_raising(self):
+        with self.assertRaisesRegex(LoaderError, "did not start serving") as cm:
+            Loader(DATA, start_timeout_s=1e-6, **SMALL)
+        pid = int(re.search(r"\(pid (\d+)\)", str(cm.exception)).group(1))
+        self.assertTrue(wait_gone(pid, 0.5), "the server outlives the failed Loader()")
+
+    def test_a_server_started_off_the_main_thread_ends_when_no_consumer_comes(self):
+        # Python dies (SIGKILL) before the Loader attached, in a thread of its
+        # own: no parent-death signal there; --attach-timeout ends the server.
+        code = ("import os, subprocess, threading, time, numa_loader, numa_loader.loader as L\n"
+                "def never(*a, **k):\n"
+                "    time.sleep(0.2)\n"
+                "    raise numa_loader.LoaderError('not yet')\n"
+                "L.Client = never\n"
+                "pids = []\n"
+                "popen = subprocess.Popen\n"
+                "def rec(*a, **k):\n"
+                "    p = popen(*a, **k)\n"
+                "    pids.append(p.pid)\n"
+                "    return p\n"
+                "subprocess.Popen = rec\n"
+                "def run():\n"
+                "    try:\n"
+                "        numa_loader.Loader(%r, start_timeout_s=2, batch_size=16, threads=1,\n"
+                "                           no_bind=True, quiet=True)\n"
+                "    except Exception:\n"
+                "        pass\n"
+                "threading.Thread(target=run, daemon=True).start()\n"
+                "while not pids:\n"
+                "    time.sleep(0.02)\n"
+                "print(pids[0], flush=True)\n"
+                "os.kill(os.getpid(), 9)\n" % DATA)
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=PYDIR), timeout=60)
+        pid = int(p.stdout.split()[0])
+        self.assertTrue(wait_gone(pid, 20), "server %d waits for a consumer forever" % pid)
 
     def test_a_setting_the_server_refuses_is_raised_with_its_words(self):
         t0 = time.monotonic()
@@ -206,6 +253,8 @@ class OneRankTest(unittest.TestCase):
                 next(mid)
             with self.assertRaisesRegex(ValueError, "batches an epoch"):
                 again.load_state_dict(dict(state, batches_per_epoch=7))
+            with self.assertRaisesRegex(TypeError, "batches_per_epoch must be a whole number"):
+                again.load_state_dict(dict(state, batches_per_epoch="13"))
             self.assertEqual(again.state_dict()["batch"], 13, "a finished epoch says so")
             again.load_state_dict(again.state_dict())
             self.assertEqual(list(again), [], "nothing is left of a finished epoch")
@@ -247,6 +296,39 @@ class OneRankTest(unittest.TestCase):
             self.assertTrue(alive(loader._proc.pid), "the child stopped the parent's server")
             self.assertEqual(len(list(it)), 12, "the parent's epoch goes on")
 
+    def test_one_iteration_at_a_time(self):
+        with Loader(DATA, **SMALL) as loader:
+            a, b = iter(loader), iter(loader)
+            with self.assertRaisesRegex(LoaderError, "replaced by a later iter"):
+                next(a)
+            self.assertEqual([x.batch for x in b], list(range(13)), "b gives the epoch, once")
+            with self.assertRaisesRegex(LoaderError, "replaced by a later iter"):
+                list(zip(loader, loader))
+
+    def test_a_loader_dropped_mid_iteration_in_a_reference_cycle_is_collected(self):
+        import gc
+        loader = Loader(DATA, **SMALL)
+        loader.batches = iter(loader)
+        next(loader.batches)
+        pid = loader._proc.pid
+        del loader
+        gc.collect()
+        self.assertTrue(wait_gone(pid, 10), "the server of a collected Loader still runs")
+
+    def test_close_ends_a_stopped_server_within_seconds(self):
+        loader = Loader(DATA, **SMALL)
+        next(iter(loader))
+        pid = loader._proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        loader.close()
+        self.assertLess(time.monotonic() - t0, 12)
+        self.assertTrue(wait_gone(pid, 1))
+
+    def test_the_data_path_may_be_bytes(self):
+        with Loader(os.fsencode(DATA), **SMALL) as loader:
+            self.assertEqual(loader.data, DATA)
+
     def test_the_server_goes_when_its_python_process_is_killed(self):
         for how in ("exit", "kill"):
             code = ("import os, sys, numa_loader\n"
@@ -269,32 +351,49 @@ def free_port():
 
 
 RANK_SCRIPT = r"""
-import json, os, sys
+import json, os, sys, time
+import torch, torch.distributed as dist
 import numa_loader
 kw = json.loads(sys.argv[1])
+mode = kw.pop("mode", "after")
+t0 = time.monotonic()
 try:
-    with numa_loader.Loader(kw.pop("data"), **kw) as l:
-        l.set_epoch(1)
-        out = {"len": len(l), "indices": [b.indices.tolist() for b in l]}
-    # The process group made after the Loader shares its store (rank 0 hosts it).
-    import torch, torch.distributed as dist
-    dist.init_process_group("gloo")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    out["sum"] = t.item()
-    print(json.dumps(out))
+    if mode == "tcp":  # a process group made with tcp://, no MASTER_* variables
+        dist.init_process_group("gloo", init_method=kw.pop("init"), rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    l = numa_loader.Loader(kw.pop("data"), **kw)
+    out = {"job": l.job_id}
+    if mode == "then_pg":  # the process group made at once, the Loader alive
+        dist.init_process_group("gloo")
+    l.set_epoch(1)
+    out.update(len=len(l), indices=[b.indices.tolist() for b in l])
+    l.close()
+    if mode == "after":  # the process group made after the Loader is gone
+        dist.init_process_group("gloo")
+    if mode != "none":
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["sum"] = t.item()
 except numa_loader.LoaderError as e:
-    print(json.dumps({"error": str(e)}))
+    out = {"error": str(e)}
+out["seconds"] = time.monotonic() - t0
+print(json.dumps(out))
 """
 
 
-def run_ranks(per_rank, extra_env=None):
+def run_ranks(per_rank, ranks=None, env_of=None):
+    """Runs RANK_SCRIPT as each rank (or only `ranks` of them) with torchrun's
+    variables (env_of(rank, env) may change them); their JSON lines."""
     port = str(free_port())
     procs = []
     for r, kw in enumerate(per_rank):
+        if ranks is not None and r not in ranks:
+            continue
         env = dict(os.environ, PYTHONPATH=PYDIR, RANK=str(r), WORLD_SIZE=str(len(per_rank)),
                    LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(len(per_rank)),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **(extra_env or {}))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        if env_of is not None:
+            env = env_of(r, env)
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT,
                                        json.dumps(dict(kw, data=DATA))], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -315,6 +414,42 @@ class TwoRanksTest(unittest.TestCase):
         self.assertEqual([a["sum"], b["sum"]], [2.0, 2.0])
         got = sorted(sum(a["indices"], []) + sum(b["indices"], []))
         self.assertEqual(got, list(range(200)), "the ranks' shares partition the split")
+        self.assertEqual(a["job"], b["job"])
+
+    def test_the_process_group_made_while_the_loader_lives_shares_its_store(self):
+        for _ in range(3):
+            a, b = run_ranks([dict(SMALL, mode="then_pg")] * 2)
+            self.assertNotIn("error", a)
+            self.assertEqual([a["sum"], b["sum"]], [2.0, 2.0])
+
+    def test_ranks_of_a_tcp_process_group_agree_on_the_job_id(self):
+        init = "tcp://127.0.0.1:%d" % free_port()
+
+        def no_master(r, env):
+            for v in ("MASTER_ADDR", "MASTER_PORT"):
+                env.pop(v)
+            return env
+        a, b = run_ranks([dict(SMALL, mode="tcp", init=init, timeout_s=60)] * 2, env_of=no_master)
+        self.assertNotIn("error", a)
+        self.assertEqual(a["job"], b["job"])
+        self.assertEqual(sorted(sum(a["indices"], []) + sum(b["indices"], [])), list(range(200)))
+
+    def test_a_missing_rank_is_named_within_the_timeout(self):
+        for present, want in ((1, "cannot reach the store at MASTER_ADDR:MASTER_PORT"),
+                              (0, "missing: .*settings/1")):
+            out, = run_ranks([dict(SMALL, timeout_s=4)] * 2, ranks=[present])
+            self.assertRegex(out.get("error", ""), want)
+            self.assertLess(out["seconds"], 20)
+
+    def test_single_rank_processes_with_master_set_do_not_collide(self):
+        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT,
+                                   json.dumps(dict(SMALL, data=DATA, mode="none"))],
+                                  env=dict(os.environ, PYTHONPATH=PYDIR, MASTER_ADDR="127.0.0.1",
+                                           MASTER_PORT="29999"),
+                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+        self.assertEqual([o.get("error") for o in outs], [None, None])
+        self.assertNotEqual(outs[0]["job"], outs[1]["job"])
 
     def test_a_mismatch_raises_on_every_rank_naming_the_setting(self):
         t0 = time.monotonic()
