@@ -29,6 +29,10 @@ with numa_loader.Loader('$W/p', batch_size=8, image_size=32, threads=1, no_bind=
   expect_text "5 40" "$name: a Loader gives the 40 samples in 5 batches"
 }
 
+# Installed to the default prefix, the package lands on Python's own path.
+expect_rc_stdout 0 "the package's default place, /usr/local/$PYREL, is on /usr/bin/python3's path" \
+  /usr/bin/python3 -c "import sys; assert '/usr/local/$PYREL' in sys.path, sys.path"
+
 PREFIX=$W/prefix
 expect_rc 0 "cmake --install into a prefix" cmake --install "$BUILD" --prefix "$PREFIX"
 PYTHONPATH=$PREFIX/$PYREL check /usr/bin/python3 "$PREFIX/bin/loader" "$PREFIX/lib/libnl_client.so" \

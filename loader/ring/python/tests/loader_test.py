@@ -464,24 +464,62 @@ class TwoRanksTest(unittest.TestCase):
 
 
 TORCHRUN_SCRIPT = r"""
-import json, os, sys
+import json, os, signal, sys
 import torch.distributed as dist
 import numa_loader
+data, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo")
-with numa_loader.Loader(sys.argv[1], batch_size=16, image_size=32, threads=1, no_bind=True,
-                        quiet=True) as l:
-    out = {"job": l.job_id, "rank": l.rank, "world": l.world_size, "len": len(l), "epochs": []}
+rank = dist.get_rank()
+kw = dict(batch_size=16, image_size=32, threads=1, no_bind=True, quiet=True)
+with numa_loader.Loader(data, **kw) as l:
+    with open(os.path.join(out, "job%d" % rank), "w") as f:
+        f.write(l.job_id)
+    res = {"job": l.job_id, "rank": l.rank, "world": l.world_size, "len": len(l), "epochs": []}
     for epoch in range(2):
         l.set_epoch(epoch)
-        out["epochs"].append([b.indices.tolist() for b in l])
-with open(os.path.join(sys.argv[2], "rank%d.json" % dist.get_rank()), "w") as f:
-    json.dump(out, f)
+        batches = []
+        for b in l:
+            batches.append(b.indices.tolist())
+            if mode in ("raise", "kill") and len(batches) == 2:
+                if mode == "raise":
+                    raise RuntimeError("the training loop failed")
+                if rank == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        res["epochs"].append(batches)
+if mode == "resume":  # epoch 1 again: 3 batches, a checkpoint, then a new Loader from it
+    with numa_loader.Loader(data, **kw) as l:
+        l.set_epoch(1)
+        it = iter(l)
+        first = [next(it).indices.tolist() for _ in range(3)]
+        state = l.state_dict()
+    with numa_loader.Loader(data, **kw) as l:
+        l.load_state_dict(state)
+        l.set_epoch(1)
+        res["resumed"] = first + [b.indices.tolist() for b in l]
+with open(os.path.join(out, "rank%d.json" % rank), "w") as f:
+    json.dump(res, f)
 dist.destroy_process_group()
 """
 
 
+def servers_of(job):
+    """pids of the processes whose command line names the job id."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if job.encode() in args and alive(int(d)):
+            found.append(int(d))
+    return found
+
+
 class TorchrunTest(unittest.TestCase):
-    def test_under_torchrun_each_rank_starts_its_own_server(self):
+    def torchrun(self, mode):
         out = tempfile.mkdtemp(dir=WORK)
         script = os.path.join(out, "train.py")
         with open(script, "w") as f:
@@ -489,20 +527,49 @@ class TorchrunTest(unittest.TestCase):
         # Debian's torch 1.13 on Python 3.11: -r 2 -t 2 (see the README).
         p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "-r", "2", "-t", "2",
                             "--log_dir", os.path.join(out, "logs"), "--nproc_per_node", "2",
-                            "--master_port", str(free_port()), script, DATA, out],
+                            "--master_port", str(free_port()), script, DATA, out, mode],
                            env=dict(os.environ, PYTHONPATH=PYDIR), capture_output=True, text=True,
                            timeout=300)
+        jobs = set()
+        for r in (0, 1):
+            try:
+                with open(os.path.join(out, "job%d" % r)) as f:
+                    jobs.add(f.read())
+            except OSError:
+                pass
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(servers_of(j) for j in jobs):
+            time.sleep(0.1)
+        for j in jobs:
+            self.assertEqual(servers_of(j), [], "servers of job %s left running (%s)" % (j, mode))
+        return p, out, jobs
+
+    def test_two_ranks_share_each_epoch_and_resume_as_a_straight_run(self):
+        p, out, jobs = self.torchrun("resume")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(len(jobs), 1, "the ranks derive one job id")
         ranks = []
         for r in (0, 1):
             with open(os.path.join(out, "rank%d.json" % r)) as f:
                 ranks.append(json.load(f))
-        self.assertEqual(ranks[0]["job"], ranks[1]["job"], "the ranks derive one job id")
         self.assertEqual([r["world"] for r in ranks], [2, 2])
+        self.assertEqual([r["len"] for r in ranks], [7, 7])
         for e in range(2):
             got = sorted(sum(ranks[0]["epochs"][e], []) + sum(ranks[1]["epochs"][e], []))
             self.assertEqual(got, list(range(200)), "epoch %d: the shares partition the split" % e)
         self.assertNotEqual(ranks[0]["epochs"][0], ranks[0]["epochs"][1])
+        for r in ranks:
+            self.assertEqual(r["resumed"], r["epochs"][1], "the resumed epoch equals the straight one")
+
+    def test_nothing_is_left_running_after_an_exception_in_the_loop(self):
+        p, out, jobs = self.torchrun("raise")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(len(jobs), 1)
+
+    def test_nothing_is_left_running_after_kill_9_of_a_rank(self):
+        p, out, jobs = self.torchrun("kill")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(len(jobs), 1)
 
 
 class ReadmeTest(unittest.TestCase):
