@@ -43,15 +43,7 @@ if [ ! -f "$work/c100/train.bin" ] || [ "$(stat -c %s "$work/c100/train.bin")" -
   "$B/pack_tool" fake-cifar100 "$work/c100" --train "$n" --test 100 --seed 3 >/dev/null
 fi
 if [ ! -d "$work/imf" ]; then
-  $PY - "$work/c100/train.bin" "$work/imf" <<'PYEOF'
-import os, sys, numpy as np
-from PIL import Image
-recs = np.fromfile(sys.argv[1], dtype=np.uint8).reshape(-1, 3074)
-for i, r in enumerate(recs):
-    d = os.path.join(sys.argv[2], f"class_{r[1]:03d}")
-    os.makedirs(d, exist_ok=True)
-    Image.fromarray(r[2:].reshape(3, 32, 32).transpose(1, 2, 0)).save(os.path.join(d, f"{i:05d}.png"))
-PYEOF
+  $PY bench/cifar_folder.py "$work/c100/train.bin" "$work/imf"
 fi
 [ -d "$work/raw" ] || "$B/pack_tool" cifar100 "$work/c100" "$work/raw" >/dev/null 2>&1
 [ -d "$work/png" ] || "$B/pack_tool" imagefolder "$work/imf" "$work/png" >/dev/null 2>&1

@@ -420,7 +420,24 @@ def _whole(name, value, hi):
     return v
 
 
-class Client:
+class _Closes:
+    """close() on leaving a `with` block and when collected."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
+            pass
+
+
+class Client(_Closes):
     """The consumer of rank `rank` of job `job_id` (see the module docstring).
 
     timeout_s bounds the wait for each batch (counted from the producer's last
@@ -529,19 +546,6 @@ class Client:
     @property
     def closed(self):
         return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
-            pass
 
     # -- internals -------------------------------------------------------
 

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from . import Client, LoaderError, _whole
+from . import Client, LoaderError, _Closes, _whole
 
 __all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "loader_path"]
 
@@ -565,7 +565,7 @@ def _child_setup(parent):
         os._exit(1)
 
 
-class Loader:
+class Loader(_Closes):
     """The PyTorch user's entry point: one rank's batches as torch tensors.
 
         loader = numa_loader.Loader("~/data/c100", split="train", batch_size=64,
@@ -892,19 +892,6 @@ class Loader:
 
     def _server_state(self):
         return _server_state(self._proc, self._log)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
-            pass
 
     def __repr__(self):
         return "Loader(%r, split=%r, rank=%d of %d, batch_size=%d%s)" % (
