@@ -397,6 +397,23 @@ expect_out "this rank has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2" \
 wait "$WS0"
 check_rc $? 1 "and rank 0 fails too"
 if grep -q "rank 1 has WORLD_SIZE=3 but this rank (0) has 2" "$W/ws0.out"; then ok "saying so"; else fail "rank 0: $(cat "$W/ws0.out")"; fi
+
+# Ranks started with settings that differ (a torchrun wrapper's mistake):
+# every rank stops at the rendezvous, before a collective could mismatch.
+next_port
+env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" --batch-size 32 \
+  --seed 1 >"$W/st0.out" 2>&1 &
+ST0=$!
+pids+=("$ST0")
+started=$SECONDS
+expect_rc 1 "ranks given different --batch-size and --seed" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 \
+  MASTER_PORT="$PORT" "$TR" "${RUN1[@]}" --batch-size 16 --seed 2
+SAID="the ranks' settings differ, so every rank stops before its first step: --batch-size (rank 0: 32; rank 1: 16), --seed (rank 0: 1; rank 1: 2)"
+expect_text "$SAID" "rank 1 names each setting and each rank's value"
+wait "$ST0"
+check_rc $? 1 "and rank 0 stops too"
+if grep -qF "$SAID" "$W/st0.out"; then ok "saying the same"; else fail "rank 0: $(cat "$W/st0.out")"; fi
+if [ $((SECONDS - started)) -lt 30 ]; then ok "both within seconds"; else fail "they took $((SECONDS - started)) s"; fi
 fi  # part dying
 
 # The same with every socket call of rank 1 delayed 30 ms (strace's fault

@@ -346,6 +346,11 @@ void Rank::Rendezvous() {
   store_ = ConnectRendezvousStore(p_, timeout_, &store_address_);
   // Everyone joins: one process per rank, all of one WORLD_SIZE, all there.
   Join(*store_, p_.rank, p_.world, StoreWhere(p_), timeout_);
+  // ... and with the same settings, before any collective could mismatch.
+  const std::string resume_at = o_.resume.empty() ? "none" : "epoch " + std::to_string(at_.epoch) + ", batch " +
+                                                                  std::to_string(at_.batch) + ", step " +
+                                                                  std::to_string(at_.step);
+  AgreeSettings(*store_, p_.rank, p_.world, SharedSettings(o_, manifest_, resume_at), StoreWhere(p_), timeout_);
   hb_ = std::make_unique<Heartbeat>(store_address_, p_.rank, p_.world);
   comm_ = std::make_unique<Comm>(CreateProcessGroup(store_, p_, timeout_, g_.device.is_cuda()), p_.world, timeout_,
                                  hb_.get());

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -18,14 +19,6 @@ namespace nl::trainer {
 namespace {
 
 double SecondsOf(std::chrono::milliseconds t) { return std::chrono::duration<double>(t).count(); }
-
-std::string ListOf(const std::vector<int>& ranks) {
-  std::string list;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    list += (i ? (i + 1 == ranks.size() ? " and " : ", ") : "") + std::to_string(ranks[i]);
-  }
-  return list;
-}
 
 std::string WorldOf(c10d::Store& store, int r) {
   const std::vector<uint8_t> v = store.get("world/" + std::to_string(r));
@@ -48,7 +41,7 @@ void WaitFor(c10d::Store& store, const std::vector<int>& ranks, int world, const
         throw StoreLost(where, "", "");
       }
     }
-    throw RendezvousTimeout(where, SecondsOf(timeout), ListOf(missing), missing.size(), world);
+    throw RendezvousTimeout(where, SecondsOf(timeout), RankList(missing), missing.size(), world);
   }
 }
 
@@ -82,7 +75,69 @@ void JoinSteps(c10d::Store& store, int rank, int world, const std::string& where
   }
 }
 
+std::string Serialize(const Settings& s) {
+  std::string out;
+  for (const auto& [k, v] : s) out += k + "\n" + v + "\n";  // (values hold no newline)
+  return out;
+}
+
+Settings Deserialize(const std::vector<uint8_t>& bytes) {
+  Settings s;
+  const std::string text(bytes.begin(), bytes.end());
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t k = text.find('\n', at);
+    const size_t v = k == std::string::npos ? k : text.find('\n', k + 1);
+    if (v == std::string::npos) break;
+    s.emplace_back(text.substr(at, k - at), text.substr(k + 1, v - k - 1));
+    at = v + 1;
+  }
+  return s;
+}
+
+// Waits for every rank's `prefix`RANK key, naming the missing past the timeout.
+void WaitForAll(c10d::Store& store, const std::string& prefix, int world, const std::string& where,
+                std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    std::vector<int> missing;
+    for (int r = 0; r < world; ++r) {
+      try {
+        if (!store.check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+      } catch (const std::exception&) {
+        throw StoreLost(where, "", "");
+      }
+    }
+    throw RendezvousTimeout(where, SecondsOf(timeout), RankList(missing), missing.size(), world);
+  }
+}
+
 }  // namespace
+
+void AgreeSettings(c10d::Store& store, int rank, int world, const Settings& mine, const std::string& where,
+                   std::chrono::milliseconds timeout) {
+  std::vector<Settings> all;
+  try {
+    const std::string text = Serialize(mine);
+    store.set("settings/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
+    WaitForAll(store, "settings/", world, where, timeout);
+    for (int r = 0; r < world; ++r) all.push_back(Deserialize(store.get("settings/" + std::to_string(r))));
+    store.set("settings_read/" + std::to_string(rank), std::vector<uint8_t>{1});
+    if (rank == 0) WaitForAll(store, "settings_read/", world, where, timeout);
+  } catch (const RankError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw StoreLost(where, " while the ranks compared their settings", e.what());
+  }
+  const std::vector<std::string> diff = SettingsDiffer(all);
+  if (diff.empty()) return;
+  std::string text = "the ranks' settings differ, so every rank stops before its first step: ";
+  for (size_t i = 0; i < diff.size(); ++i) text += (i ? ", " : "") + diff[i];
+  throw RankError(text + " (start every rank with the same settings)");
+}
 
 std::string StoreWhere(const Placement& p) { return p.master_addr + ":" + std::to_string(p.master_port); }
 

@@ -7,12 +7,15 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "trainer/heartbeat.h"
 #include "trainer/options.h"
+#include "trainer/settings.h"
 
 namespace nl::trainer {
 
@@ -33,6 +36,14 @@ c10::intrusive_ptr<c10d::Store> ConnectRendezvousStore(const Placement& p, std::
 // before it publishes: rank 0 can only find a mismatch, and end the store with
 // its exit, once the other rank has found it too, so both name it.
 void Join(c10d::Store& store, int rank, int world, const std::string& where, std::chrono::milliseconds timeout);
+
+// Each rank publishes its settings under settings/RANK and compares every
+// rank's with its own; a difference throws RankError on every rank, naming
+// each setting that differs and each rank's value ("--batch-size (rank 0: 32;
+// rank 1: 16)"). Rank 0 throws only once every rank has read them (its exit
+// ends the store). After Join: every rank is there.
+void AgreeSettings(c10d::Store& store, int rank, int world, const Settings& mine, const std::string& where,
+                   std::chrono::milliseconds timeout);
 
 c10::intrusive_ptr<c10d::ProcessGroup> CreateProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                           const Placement& p, std::chrono::milliseconds timeout,

@@ -22,6 +22,7 @@
 #include "trainer/rank_error.h"
 #include "trainer/schedule.h"
 #include "trainer/serve_args.h"
+#include "trainer/settings.h"
 #include "trainer/timing.h"
 
 namespace nl::trainer {
@@ -551,6 +552,62 @@ TEST(TrainerBindingJson, RoundTrip) {
   EXPECT_EQ(got.loader_threads, 4);
   EXPECT_TRUE(got.misbound);
   EXPECT_DOUBLE_EQ(got.simulated_delay_ms, 40);
+}
+
+// ---- the settings every rank must share ----
+
+TEST(TrainerSettings, DifferencesNameEachSettingAndGroupTheRanks) {
+  const Settings a = {{"--model", "resnet18"}, {"--seed", "1"}, {"--lr", "0.1"}};
+  Settings b = a;
+  b[1].second = "2";
+  Settings c = b;
+  c.push_back({"--extra", "x"});
+  EXPECT_TRUE(SettingsDiffer({a, a, a}).empty());
+  EXPECT_EQ(SettingsDiffer({a, b, c}),
+            (std::vector<std::string>{"--seed (rank 0: 1; ranks 1 and 2: 2)",
+                                      "--extra (ranks 0 and 1: (nothing); rank 2: x)"}));
+}
+
+TEST(TrainerSettings, EveryTrainingSettingIsCompared) {
+  Manifest m;
+  m.classes = {"a", "b"};
+  Options o;
+  const Settings base = SharedSettings(o, m, "none");
+  auto differs = [&](const Options& changed, const std::string& name) {
+    const std::vector<std::string> d = SettingsDiffer({base, SharedSettings(changed, m, "none")});
+    return d.size() == 1 && d[0].rfind(name + " (", 0) == 0;
+  };
+  Options x = o;
+  x.batch_size = 32;
+  EXPECT_TRUE(differs(x, "--batch-size"));
+  x = o;
+  x.model = "smallcnn";
+  EXPECT_TRUE(differs(x, "--model"));
+  x = o;
+  x.seed = 7;
+  EXPECT_TRUE(differs(x, "--seed"));
+  x = o;
+  x.epochs = 3;
+  EXPECT_TRUE(differs(x, "--epochs"));
+  x = o;
+  x.lr = 0.2;
+  EXPECT_TRUE(differs(x, "--lr"));
+  x = o;
+  x.transform.image_size = 64;
+  EXPECT_TRUE(differs(x, "--image-size"));
+  x = o;
+  x.transform.random_resized_crop = true;
+  EXPECT_TRUE(differs(x, "the train transform"));
+  x = o;
+  x.order = OrderChoice::kBlocks;
+  EXPECT_TRUE(differs(x, "--order"));
+  Manifest other = m;
+  other.classes.push_back("c");
+  const std::vector<std::string> d = SettingsDiffer({base, SharedSettings(o, other, "none")});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].find("--data (its manifest) (rank 0: crc32c:"), std::string::npos) << d[0];
+  EXPECT_NE(d[0].find(", 2 classes"), std::string::npos) << d[0];
+  EXPECT_EQ(SettingsDiffer({base, SharedSettings(o, m, "epoch 1, batch 0, step 9")}).size(), 1u);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <gloo/common/error.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <thread>
 #include <torch/csrc/distributed/c10d/exception.h>
 #include <torch/torch.h>
 
@@ -294,6 +296,34 @@ TEST(TrainerRendezvous, ALostStoreIsAnEcho) {
                                   "ended or stopped; its own error says why): recv: "), "lost the rendezvous store at h:1 during the rendezvous (rank 0 hosts it: it has "
                                   "ended or stopped; its own error says why): recv: ");
   EXPECT_EQ(e.second, proc::FailureKind::kEcho);
+}
+
+// ---- the settings every rank must share ----
+
+TEST(TrainerRendezvous, RanksWithTheSameSettingsGoOn) {
+  c10d::HashStore store;
+  const Settings s = {{"--model", "smallcnn"}, {"--batch-size", "16"}};
+  std::thread other([&] { AgreeSettings(store, 1, 2, s, "h:1", Ms(5000)); });
+  AgreeSettings(store, 0, 2, s, "h:1", Ms(5000));
+  other.join();
+}
+
+TEST(TrainerRendezvous, EveryRankNamesTheSettingsThatDiffer) {
+  c10d::HashStore store;
+  const Settings zero = {{"--model", "smallcnn"}, {"--batch-size", "32"}, {"--seed", "1"}};
+  const Settings one = {{"--model", "smallcnn"}, {"--batch-size", "16"}, {"--seed", "1"}};
+  std::pair<std::string, proc::FailureKind> e1;
+  std::thread other([&] { e1 = ErrorOf([&] { AgreeSettings(store, 1, 2, one, "h:1", Ms(5000)); }); });
+  auto e0 = ErrorOf([&] { AgreeSettings(store, 0, 2, zero, "h:1", Ms(5000)); });
+  other.join();
+  const std::string want =
+      "the ranks' settings differ, so every rank stops before its first step: --batch-size (rank 0: 32; rank 1: "
+      "16) (start every rank with the same settings)";
+  EXPECT_EQ(e0.first, want);
+  EXPECT_EQ(e1.first, want);
+  EXPECT_EQ(e0.second, proc::FailureKind::kOwn);
+  // Rank 0 stopped only after rank 1 had read every rank's settings.
+  EXPECT_TRUE(store.check({"settings_read/1"}));
 }
 
 // ---- failure classification: one case per wording ----
