@@ -143,8 +143,22 @@ expect_rc 0 "resnet18: stopped after 20 steps (mid-epoch 1)" "$TR" "${R18[@]}" -
 next_port
 expect_rc_stdout 0 "resumed from its checkpoint" "$TR" "${R18[@]}" --master-port "$PORT" \
   --resume "$W/ck/checkpoint.pt" --params-out "$W/b.bin"
+expect_out "resuming from $W/ck/checkpoint.pt: epoch 1, batch [0-9]+, step 20 \(every tensor checked\)" \
+  "saying what it resumes"
 d=$(maxdiff "$W/a.bin" "$W/b.bin")
 if lt "$d" 1e-6; then ok "the same parameters as straight (max |diff| $d)"; else fail "resume differs: $d"; fi
+# The schedule and the images belong to the run: another --epochs or --lr is
+# refused, unless --resume-changes says it is meant (and then it says what).
+next_port
+expect_rc 1 "a resume with --epochs 3 and --lr 0.05 (the run had 2 and 0.1)" "$TR" "${R18[@]}" --epochs 3 \
+  --lr 0.05 --master-port "$PORT" --resume "$W/ck/checkpoint.pt"
+expect_text "belongs to a run with other settings: --epochs 3 (the checkpoint's run: 2), --lr 0.05 (the checkpoint's run: 0.1)" \
+  "is refused, naming each change"
+next_port
+expect_rc 0 "the same with --resume-changes" "$TR" "${R18[@]}" --epochs 3 --lr 0.05 --resume-changes \
+  --max-steps 22 --master-port "$PORT" --resume "$W/ck/checkpoint.pt"
+expect_text "; with --resume-changes: --epochs 3 (the checkpoint's run: 2), --lr 0.05 (the checkpoint's run: 0.1)" \
+  "resumes, saying what changed"
 next_port
 expect_rc 1 "a checkpoint of 2 ranks refused by 1" "$TR" "${R18[@]}" --nproc-per-node 1 --master-port "$PORT" \
   --resume "$W/ck/checkpoint.pt"

@@ -1,14 +1,19 @@
 #include "trainer/checkpoint.h"
 
+#include <algorithm>
+#include <charconv>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "formats/crc32c.h"
 #include "trainer/outputs.h"
 #include "trainer/rank_error.h"
 
 namespace nl::trainer {
 namespace {
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 std::string ShapeText(const torch::Tensor& t) {
   std::string s = "[";
@@ -16,18 +21,91 @@ std::string ShapeText(const torch::Tensor& t) {
   return s + "]";
 }
 
+std::string Older(const std::string& path, const std::string& what) {
+  return "cannot resume from " + path + ": it has no " + what +
+         " (not a checkpoint of this trainer, or one from an older version)";
+}
+
+// Every tensor a checkpoint holds, named: the model's parameters and
+// buffers, and the optimizer's momentum of each parameter that has one.
+std::vector<std::pair<std::string, torch::Tensor>> NamedTensors(Net& model, torch::optim::SGD& opt) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model.named_parameters()) out.emplace_back("model parameter " + p.key(), p.value());
+  for (const auto& b : model.named_buffers()) out.emplace_back("model buffer " + b.key(), b.value());
+  auto& state = opt.state();
+  for (const auto& p : model.named_parameters()) {
+    auto it = state.find(c10::guts::to_string(p.value().unsafeGetTensorImpl()));
+    if (it == state.end()) continue;
+    const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
+    if (s.momentum_buffer().defined()) out.emplace_back("optimizer momentum of " + p.key(), s.momentum_buffer());
+  }
+  return out;
+}
+
+int64_t TensorCrc(const torch::Tensor& t) {
+  const torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  return Crc32c(0, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+}
+
+void WriteChecksums(torch::serialize::OutputArchive& a, Net& model, torch::optim::SGD& opt) {
+  std::string names;
+  std::vector<int64_t> crcs;
+  for (const auto& [name, t] : NamedTensors(model, opt)) {
+    names += name + "\n";
+    crcs.push_back(TensorCrc(t));
+  }
+  a.write("tensor_names", c10::IValue(names));
+  a.write("tensor_crc32c", torch::tensor(crcs, torch::kInt64));
+}
+
+// After the load: every tensor against the checksum written with it.
+void VerifyChecksums(const std::string& path, torch::serialize::InputArchive& a, Net& model,
+                     torch::optim::SGD& opt) {
+  c10::IValue names;
+  torch::Tensor crcs;
+  if (!a.try_read("tensor_names", names) || !names.isString() || !a.try_read("tensor_crc32c", crcs) ||
+      crcs.scalar_type() != torch::kInt64 || crcs.dim() != 1) {
+    throw RankError(Older(path, "checksums"));
+  }
+  std::vector<std::string> saved;
+  const std::string& text = names.toStringRef();
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) {
+    saved.push_back(text.substr(at, nl - at));
+  }
+  if (static_cast<int64_t>(saved.size()) != crcs.numel()) {
+    throw RankError("cannot resume from " + path + ": its checksums are damaged (" + std::to_string(saved.size()) +
+                    " names, " + std::to_string(crcs.numel()) + " checksums)");
+  }
+  const auto tensors = NamedTensors(model, opt);
+  for (const auto& [name, t] : tensors) {
+    const auto it = std::find(saved.begin(), saved.end(), name);
+    if (it == saved.end()) {
+      throw RankError("cannot resume from " + path + ": it has no checksum for its " + name +
+                      " (the file is damaged)");
+    }
+    if (TensorCrc(t) != crcs[it - saved.begin()].item<int64_t>()) {
+      throw RankError("cannot resume from " + path + ": its " + name +
+                      " does not match the checksum written with it (the file is damaged: resume from another "
+                      "checkpoint)");
+    }
+  }
+  if (tensors.size() != saved.size()) {
+    throw RankError("cannot resume from " + path + ": it holds " + std::to_string(saved.size()) +
+                    " checksummed tensors and this model and optimizer " + std::to_string(tensors.size()));
+  }
+}
+
 // The fields, read before the tensors (so a checkpoint that does not fit is
 // named before LibTorch complains about a shape).
 Checkpoint ReadFields(const std::string& path, torch::serialize::InputArchive& a) {
   Checkpoint c;
-  auto get = [&](const char* k) {
+  auto tensor = [&](const char* k) {
     torch::Tensor t;
-    if (!a.try_read(k, t) || t.numel() != 1) {
-      throw RankError("cannot resume from " + path + ": it has no " + k +
-                      " (not a checkpoint of this trainer, or one from an older version)");
-    }
-    return t.item<int64_t>();
+    if (!a.try_read(k, t) || t.numel() != 1) throw RankError(Older(path, k));
+    return t;
   };
+  auto get = [&](const char* k) { return tensor(k).item<int64_t>(); };
+  auto real = [&](const char* k) { return tensor(k).item<double>(); };
   c.epoch = get("epoch");
   c.batch = get("batch");
   c.step = get("step");
@@ -36,6 +114,14 @@ Checkpoint ReadFields(const std::string& path, torch::serialize::InputArchive& a
   c.batch_size = get("batch_size");
   c.classes = get("num_classes");
   c.train_samples = get("train_samples");
+  c.epochs = get("epochs");
+  c.max_steps = get("max_steps");
+  c.warmup_steps = get("warmup_steps");
+  c.image_size = get("image_size");
+  c.lr = real("lr");
+  c.momentum = real("momentum");
+  c.weight_decay = real("weight_decay");
+  c.label_smoothing = real("label_smoothing");
   c10::IValue name;
   if (!a.try_read("model_name", name) || !name.isString()) {
     throw RankError("cannot resume from " + path +
@@ -107,6 +193,15 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
   a.write("model_name", c10::IValue(c.model));
   a.write("num_classes", torch::tensor(c.classes));
   a.write("train_samples", torch::tensor(c.train_samples));
+  a.write("epochs", torch::tensor(c.epochs));
+  a.write("max_steps", torch::tensor(c.max_steps));
+  a.write("warmup_steps", torch::tensor(c.warmup_steps));
+  a.write("image_size", torch::tensor(c.image_size));
+  a.write("lr", torch::tensor(c.lr, torch::kFloat64));
+  a.write("momentum", torch::tensor(c.momentum, torch::kFloat64));
+  a.write("weight_decay", torch::tensor(c.weight_decay, torch::kFloat64));
+  a.write("label_smoothing", torch::tensor(c.label_smoothing, torch::kFloat64));
+  WriteChecksums(a, model, opt);
   std::ostringstream buf;
   a.save_to(buf);
   WriteAtomically(path, buf.str(), "the checkpoint");
@@ -117,13 +212,46 @@ Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD
   Checkpoint c;
   try {
     a.load_from(path);
+  } catch (const c10::Error& e) {
+    throw RankError("cannot resume from " + path + ": it is not a checkpoint of this trainer (LibTorch cannot read it "
+                    "as one: " + FirstLine(e.what_without_backtrace()) + ")");
+  }
+  try {
     c = ReadFields(path, a);
   } catch (const c10::Error& e) {
     throw RankError("cannot resume from " + path + ": " + e.what_without_backtrace());
   }
   CheckFits(path, c, expect);
   LoadTensors(path, a, model, opt);
+  try {
+    VerifyChecksums(path, a, model, opt);
+  } catch (const c10::Error& e) {
+    throw RankError("cannot resume from " + path + ": its checksums cannot be read: " + e.what_without_backtrace());
+  }
   return c;
+}
+
+std::vector<std::string> RunChanges(const Checkpoint& saved, const Checkpoint& now) {
+  std::vector<std::string> out;
+  auto whole = [&](const char* flag, int64_t was, int64_t is) {
+    if (was != is) out.push_back(std::string(flag) + " " + std::to_string(is) + " (the checkpoint's run: " +
+                                 std::to_string(was) + ")");
+  };
+  auto text = [](double v) {  // the shortest text that reads back as v
+    char b[32];
+    return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
+  };
+  auto real = [&](const char* flag, double was, double is) {
+    if (was != is) out.push_back(std::string(flag) + " " + text(is) + " (the checkpoint's run: " + text(was) + ")");
+  };
+  whole("--epochs", saved.epochs, now.epochs);
+  whole("--image-size", saved.image_size, now.image_size);
+  real("--lr", saved.lr, now.lr);
+  whole("--warmup-steps", saved.warmup_steps, now.warmup_steps);
+  real("--momentum", saved.momentum, now.momentum);
+  real("--weight-decay", saved.weight_decay, now.weight_decay);
+  real("--label-smoothing", saved.label_smoothing, now.label_smoothing);
+  return out;
 }
 
 uint64_t ParamHash(Net& model) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -20,7 +21,16 @@ struct Checkpoint {
   // What it fits: the model and the data set it was trained on.
   std::string model;
   int64_t classes = 0, train_samples = 0;
+  // The run it belongs to: a resume with other values would restart the
+  // learning-rate schedule or change the images (RunChanges; max_steps is
+  // only where that run stopped, and may change).
+  int64_t epochs = 0, max_steps = 0, warmup_steps = 0, image_size = 0;
+  double lr = 0, momentum = 0, weight_decay = 0, label_smoothing = 0;
 };
+
+// What a resume would change of the saved run: "--epochs 3 (the
+// checkpoint's run: 2)", one entry a setting; empty when nothing.
+std::vector<std::string> RunChanges(const Checkpoint& saved, const Checkpoint& now);
 
 // Serialised in memory first (LibTorch's file writer throws from its
 // destructor on a short write, which aborts), then written atomically: a
@@ -30,7 +40,10 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
 
 // Loads path into model and opt after checking it fits `expect` (its
 // model, classes, train_samples, world and batch_size); every tensor's
-// shape is checked after the load too. Returns the checkpoint's fields.
+// shape is checked after the load too, and every tensor (the model's
+// parameters and buffers, the optimizer's momentum) against the CRC-32C
+// written with it: a damaged file is refused, naming the tensor (model and
+// opt are then unusable: the caller stops). Returns the checkpoint's fields.
 Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& expect);
 
 // FNV-1a over the parameters' bytes (on the CPU): equal on every rank after

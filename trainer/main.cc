@@ -119,6 +119,10 @@ void AddTrainingOptions(CLI::App& app, Options& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--resume", o.resume, "Continue from this checkpoint at its (epoch, batch)")
       ->check(CLI::ExistingFile);
+  app.add_flag("--resume-changes", o.resume_changes,
+               "Resume although --epochs, --image-size or the schedule (--lr, --warmup-steps, "
+               "--momentum, --weight-decay, --label-smoothing) differ from the checkpoint's run (it says what "
+               "changed)");
   app.add_option("--threads", o.threads, "LibTorch threads per rank (default: the rank's trainer cores)")
       ->check(CLI::Range(1, 1024));
 }

@@ -60,6 +60,7 @@ struct Options {
   std::string out;  // checkpoints, metrics and charts
   int64_t checkpoint_every = 0;
   std::string resume;
+  bool resume_changes = false;  // resume although the run's schedule or sizes differ
   int threads = 0;  // LibTorch intra-op threads; 0: the rank's trainer cores
 
   // Diagnostics.

@@ -281,7 +281,20 @@ void Rank::BuildModel() {
 
 void Rank::Resume() {
   if (o_.resume.empty()) return;
-  at_ = LoadCheckpoint(o_.resume, *model_, *opt_, Describe(0, 0, 0));
+  const Checkpoint now = Describe(0, 0, 0);
+  at_ = LoadCheckpoint(o_.resume, *model_, *opt_, now);
+  std::string changes;
+  for (const std::string& c : RunChanges(at_, now)) changes += (changes.empty() ? "" : ", ") + c;
+  if (!changes.empty() && !o_.resume_changes) {
+    throw RankError("the checkpoint " + o_.resume + " belongs to a run with other settings: " + changes +
+                    " (the learning-rate schedule or the images would change mid-run: resume with the same "
+                    "settings, or give --resume-changes to resume with these)");
+  }
+  if (p_.rank == 0) {
+    Log("resuming from " + o_.resume + ": epoch " + std::to_string(at_.epoch) + ", batch " +
+        std::to_string(at_.batch) + ", step " + std::to_string(at_.step) + " (every tensor checked)" +
+        (changes.empty() ? "" : "; with --resume-changes: " + changes));
+  }
   if (at_.epoch >= o_.epochs) {
     throw RankError("the checkpoint " + o_.resume + " is at epoch " + std::to_string(at_.epoch) + ", batch " +
                     std::to_string(at_.batch) + ": --epochs " + std::to_string(o_.epochs) +
@@ -309,6 +322,14 @@ Checkpoint Rank::Describe(int64_t epoch, int64_t batch, int64_t step) const {
   c.model = o_.model;
   c.classes = static_cast<int64_t>(manifest_.classes.size());
   c.train_samples = static_cast<int64_t>(train_samples_);
+  c.epochs = o_.epochs;
+  c.max_steps = o_.max_steps;
+  c.warmup_steps = o_.warmup_steps;
+  c.image_size = o_.transform.image_size;
+  c.lr = o_.lr;
+  c.momentum = o_.momentum;
+  c.weight_decay = o_.weight_decay;
+  c.label_smoothing = o_.label_smoothing;
   return c;
 }
 

@@ -1,6 +1,7 @@
 #include "trainer/settings.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 #include "formats/crc32c.h"
@@ -8,10 +9,9 @@
 namespace nl::trainer {
 namespace {
 
-std::string Number(double v) {
-  char b[40];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
+std::string Number(double v) {  // the shortest text that reads back as v
+  char b[32];
+  return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
 }
 
 std::string Transform(const TransformConfig& t) {

@@ -136,9 +136,101 @@ TEST(TrainerCheckpoint, NamesAFileThatIsNotOne) {
   testing::WriteText(d / "junk.pt", "not a checkpoint");
   Trained b = SmallCnn(2);
   auto e = ErrorOf([&] { LoadCheckpoint(d / "junk.pt", *b.model, *b.opt, Fields()); });
-  const std::string want = "cannot resume from " + (d / "junk.pt") + ": ";
+  const std::string want = "cannot resume from " + (d / "junk.pt") +
+                           ": it is not a checkpoint of this trainer (LibTorch cannot read it as one: ";
   EXPECT_EQ(Head(e.first, want), want);
+  EXPECT_EQ(e.first.find('\n'), std::string::npos) << "one line: " << e.first;
   EXPECT_EQ(e.second, proc::FailureKind::kOwn);
+}
+
+// A checkpoint after one step (so the optimizer has momentum), at path.
+Trained SavedAfterAStep(const std::string& path) {
+  Trained a = SmallCnn(1);
+  a.opt->zero_grad();
+  a.model->forward(torch::rand({2, 3, 32, 32})).sum().backward();
+  a.opt->step();
+  SaveCheckpoint(path, *a.model, *a.opt, Fields());
+  return a;
+}
+
+// The checkpoint at `from` rewritten with `t`'s tensors but every other
+// entry (the fields, and the checksums) as they were: a damaged file that
+// stays a readable archive. `keep_checksums` false leaves them out.
+void Rewrite(const std::string& from, const std::string& to, Trained& t, bool keep_checksums) {
+  torch::serialize::InputArchive in;
+  in.load_from(from);
+  torch::serialize::OutputArchive out, m, o;
+  t.model->save(m);
+  t.opt->save(o);
+  out.write("model", m);
+  out.write("optimizer", o);
+  for (const char* k : {"epoch", "batch", "step", "seed", "world", "batch_size", "num_classes", "train_samples",
+                        "epochs", "max_steps", "warmup_steps", "image_size", "lr", "momentum", "weight_decay",
+                        "label_smoothing", "tensor_crc32c"}) {
+    if (!keep_checksums && std::string(k) == "tensor_crc32c") continue;
+    torch::Tensor v;
+    ASSERT_TRUE(in.try_read(k, v)) << k;
+    out.write(k, v);
+  }
+  for (const char* k : {"model_name", "tensor_names"}) {
+    if (!keep_checksums && std::string(k) == "tensor_names") continue;
+    c10::IValue v;
+    ASSERT_TRUE(in.try_read(k, v)) << k;
+    out.write(k, v);
+  }
+  out.save_to(to);
+}
+
+TEST(TrainerCheckpoint, RefusesATensorThatIsNotWhatWasWritten) {
+  testing::ScratchDir d;
+  const std::string path = d / "checkpoint.pt";
+  Trained a = SavedAfterAStep(path);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = a.model->named_parameters();
+    params[0].value().neg_();  // every weight of the first layer, its sign bit flipped
+  }
+  const std::string bad = d / "damaged.pt";
+  Rewrite(path, bad, a, true);
+  Trained b = SmallCnn(2);
+  const std::string first = a.model->named_parameters()[0].key();
+  auto e = ErrorOf([&] { LoadCheckpoint(bad, *b.model, *b.opt, Fields()); });
+  EXPECT_EQ(e.first, "cannot resume from " + bad + ": its model parameter " + first +
+                         " does not match the checksum written with it (the file is damaged: resume from "
+                         "another checkpoint)");
+  EXPECT_EQ(e.second, proc::FailureKind::kOwn);
+  // The intact one still loads.
+  Trained c = SmallCnn(3);
+  LoadCheckpoint(path, *c.model, *c.opt, Fields());
+}
+
+TEST(TrainerCheckpoint, RefusesOneWithoutChecksums) {
+  testing::ScratchDir d;
+  const std::string path = d / "checkpoint.pt";
+  Trained a = SavedAfterAStep(path);
+  const std::string old = d / "old.pt";
+  Rewrite(path, old, a, false);
+  Trained b = SmallCnn(2);
+  EXPECT_EQ(ErrorOf([&] { LoadCheckpoint(old, *b.model, *b.opt, Fields()); }).first,
+            "cannot resume from " + old +
+                ": it has no checksums (not a checkpoint of this trainer, or one from an older version)");
+}
+
+TEST(TrainerCheckpoint, RunChangesNameWhatAResumeWouldChange) {
+  Checkpoint saved = Fields(), now = Fields();
+  saved.epochs = 2;
+  saved.lr = 0.1;
+  saved.max_steps = 20;
+  now.epochs = 3;
+  now.lr = 0.1;
+  EXPECT_EQ(RunChanges(saved, now), std::vector<std::string>{"--epochs 3 (the checkpoint's run: 2)"});
+  now.lr = 0.05;
+  now.image_size = 64;
+  EXPECT_EQ(RunChanges(saved, now),
+            (std::vector<std::string>{"--epochs 3 (the checkpoint's run: 2)", "--image-size 64 (the checkpoint's "
+                                      "run: 0)", "--lr 0.05 (the checkpoint's run: 0.1)"}));
+  now = saved;
+  EXPECT_TRUE(RunChanges(saved, now).empty());
 }
 
 TEST(TrainerCheckpoint, SaveNamesTheCheckpointWhenItCannotWrite) {
