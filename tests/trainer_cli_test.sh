@@ -120,6 +120,17 @@ expect_out "--simulate-slow-rank 3" "with its cause"
 expect_out "Ranks 0, 1 and 2 wait [0-9.]+ ms a step in the all-reduce for rank 3" \
   "and the others' wait in the all-reduce"
 if grep -q '"straggler":3' "$W/slow.jsonl"; then ok "the epoch record names rank 3"; else fail "no straggler 3 in the metrics"; fi
+# A rank whose compute is slow (its data on time) is named too: before, the
+# others' wait showed only as their comm_time, and the verdict was "none".
+next_port
+expect_rc_stdout 0 "--simulate-slow-rank 1 --delay-ms 300 --slow-phase compute" "$TR" --data "$W/s" "${SMALL[@]}" \
+  --nproc-per-node 2 --batch-size 16 --epochs 1 --master-port "$PORT" --simulate-slow-rank 1 \
+  --delay-ms 300 --slow-phase compute --metrics-out "$W/slowc.jsonl"
+expect_text "straggler: Rank 1 is the straggler: its compute (forward, backward, optimiser) takes" "rank 1 is named"
+expect_text "--slow-phase compute sleeps that long in each step's compute" "with its cause"
+expect_out "Rank 0 waits [0-9.]+ ms a step in the all-reduce for rank 1: its comm_time is the straggler's compute" \
+  "and rank 0's wait in the all-reduce"
+if grep -q '"straggler":1' "$W/slowc.jsonl"; then ok "the epoch record names rank 1"; else fail "no straggler 1 in the metrics"; fi
 
 # --- DDP equals one rank of the whole batch (smallcnn: no batch norm) ----------
 next_port
@@ -140,6 +151,7 @@ expect_rc 0 "resnet18: 2 epochs straight" "$TR" "${R18[@]}" --master-port "$PORT
 next_port
 expect_rc 0 "resnet18: stopped after 20 steps (mid-epoch 1)" "$TR" "${R18[@]}" --master-port "$PORT" \
   --max-steps 20 --checkpoint-every 7 --out "$W/ck"
+if [ -e "$W/ck/.trainer.lock" ]; then fail "--out keeps .trainer.lock after the job"; else ok "--out keeps no lock file after the job"; fi
 next_port
 expect_rc_stdout 0 "resumed from its checkpoint" "$TR" "${R18[@]}" --master-port "$PORT" \
   --resume "$W/ck/checkpoint.pt" --params-out "$W/b.bin"

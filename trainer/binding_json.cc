@@ -14,7 +14,8 @@ std::string BindingToJson(const RankBinding& b) {
                             {"gpu_node", b.gpu_node},
                             {"loader_threads", b.loader_threads},
                             {"misbound", b.misbound},
-                            {"simulated_delay_ms", b.simulated_delay_ms}};
+                            {"simulated_delay_ms", b.simulated_delay_ms},
+                            {"simulated_phase", b.simulated_phase}};
   return j.dump();
 }
 
@@ -31,6 +32,7 @@ RankBinding BindingFromJson(const std::string& text) {
   b.loader_threads = j.at("loader_threads");
   b.misbound = j.at("misbound");
   b.simulated_delay_ms = j.at("simulated_delay_ms");
+  b.simulated_phase = j.at("simulated_phase");
   return b;
 }
 

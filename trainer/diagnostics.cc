@@ -100,6 +100,28 @@ int FindStraggler(const std::vector<RankTiming>& t, double* others_median) {
   return worst;
 }
 
+// With no data straggler: the rank whose compute stands out (diagnostics.h), or -1.
+int FindComputeStraggler(const std::vector<RankTiming>& t, double* others_median) {
+  int worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    std::vector<double> others;
+    for (size_t j = 0; j < t.size(); ++j) {
+      if (j != i) others.push_back(t[j].compute_ms.mean);
+    }
+    const double med = Median(others);
+    const double c = t[i].compute_ms.mean;
+    const double excess = c - med;
+    const bool slow = c > 1.5 * med && excess >= 1.0 && excess > 0.10 * t[i].step_ms.mean;
+    if (slow && excess > worst_excess) {
+      worst = static_cast<int>(i);
+      worst_excess = excess;
+      *others_median = med;
+    }
+  }
+  return worst;
+}
+
 // Bound to another node than its plan's, or ran there: the sentence's rest.
 void SayBindingCause(const RankTiming& s, const RankBinding& b, bool bound_elsewhere, std::ostringstream& o) {
   const int should = b.planned_node;
@@ -145,7 +167,7 @@ std::string SayCause(const RankTiming& s, const RankBinding& b, const std::vecto
     SayBindingCause(s, b, bound_elsewhere, o);
     return "binding";
   }
-  if (b.simulated_delay_ms > 0) {
+  if (b.simulated_delay_ms > 0 && b.simulated_phase == "data") {
     o << "Its loader is bound right (node " << (b.loader_node >= 0 ? std::to_string(b.loader_node) : "unbound")
       << ") but was slowed on purpose: --simulate-slow-rank " << s.rank << " --delay-ms "
       << Ms(b.simulated_delay_ms) << " sleeps that long before each batch.";
@@ -156,7 +178,8 @@ std::string SayCause(const RankTiming& s, const RankBinding& b, const std::vecto
 }
 
 // The others wait for it in the all-reduce: "" when that wait is under 0.5 ms.
-std::string SayWaiting(const std::vector<RankTiming>& t, const RankTiming& s) {
+// `what`: what they wait for ("data wait", "compute").
+std::string SayWaiting(const std::vector<RankTiming>& t, const RankTiming& s, const std::string& what) {
   std::vector<int> waiting;
   double wait_sum = 0;
   for (const RankTiming& x : t) {
@@ -166,8 +189,35 @@ std::string SayWaiting(const std::vector<RankTiming>& t, const RankTiming& s) {
   }
   const double wait = waiting.empty() ? 0 : wait_sum / static_cast<double>(waiting.size());
   if (wait < 0.5) return "";
-  return Ranks(waiting) + " wait " + Ms(wait) + " ms a step in the all-reduce for rank " + std::to_string(s.rank) +
-         ": their comm_time is the straggler's data wait, not the network.";
+  const bool one = waiting.size() == 1;
+  return Ranks(waiting) + (one ? " waits " : " wait ") + Ms(wait) + " ms a step in the all-reduce for rank " +
+         std::to_string(s.rank) + ": " + (one ? "its" : "their") + " comm_time is the straggler's " + what +
+         ", not the network.";
+}
+
+// A compute straggler: the sentence, the cause and the others' wait.
+Verdict DiagnoseCompute(const std::vector<RankTiming>& t, const RankTiming& s, const RankBinding& b,
+                        double others_median) {
+  Verdict v;
+  v.straggler = s.rank;
+  std::ostringstream o;
+  const double share = s.step_ms.mean > 0 ? 100.0 * (s.compute_ms.mean - others_median) / s.step_ms.mean : 0;
+  o << "Rank " << s.rank << " is the straggler: its compute (forward, backward, optimiser) takes "
+    << Ms(s.compute_ms.mean) << " ms a step against " << Ms(others_median)
+    << " ms on the other ranks (median): " << Ms(s.compute_ms.mean - others_median) << " ms more, "
+    << static_cast<int>(std::lround(share)) << "% of its " << Ms(s.step_ms.mean) << " ms step. ";
+  if (b.simulated_delay_ms > 0 && b.simulated_phase == "compute") {
+    o << "It was slowed on purpose: --simulate-slow-rank " << s.rank << " --delay-ms " << Ms(b.simulated_delay_ms)
+      << " --slow-phase compute sleeps that long in each step's compute.";
+    v.cause = "simulated";
+  } else {
+    o << "Its data is on time: a compute problem (a slower or busier device, other processes on its cores or "
+         "GPU, throttling, or a larger share of work). Check what else runs there (nvidia-smi, top).";
+    v.cause = "compute";
+  }
+  v.sentence = o.str();
+  v.waiting = SayWaiting(t, s, "compute");
+  return v;
 }
 
 }  // namespace
@@ -178,7 +228,13 @@ Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding
   if (t.size() < 2) return v;
   double others_median = 0;
   const int worst = FindStraggler(t, &others_median);
-  if (worst < 0) return v;
+  if (worst < 0) {
+    const int slow = FindComputeStraggler(t, &others_median);
+    if (slow < 0) return v;
+    const RankTiming& s = t[static_cast<size_t>(slow)];
+    const RankBinding* found = Find(b, s.rank);
+    return DiagnoseCompute(t, s, found ? *found : RankBinding{}, others_median);
+  }
   const RankTiming& s = t[static_cast<size_t>(worst)];
   v.straggler = s.rank;
   const RankBinding* found = Find(b, s.rank);
@@ -192,7 +248,7 @@ Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding
     << " ms on the other ranks (median). ";
   v.cause = SayCause(s, sb, previous, o);
   v.sentence = o.str();
-  v.waiting = SayWaiting(t, s);
+  v.waiting = SayWaiting(t, s, "data wait");
   return v;
 }
 

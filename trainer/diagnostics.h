@@ -7,8 +7,13 @@
 //   - more than 2x the median of the other ranks' mean data_time, and
 //   - more than 10% of its own mean step_time, and
 //   - at least 1 ms (below that it is noise);
-// when several qualify, the one with the largest data_time is named. A job
-// of one rank has nobody to compare with: no straggler. The cause, in order:
+// when several qualify, the one with the largest data_time is named. With
+// no data straggler, rank r is a compute straggler when its mean
+// compute_time is more than 1.5x the others' median, at least 1 ms more, and
+// that excess is over 10% of its step (cause "compute", or "simulated" when
+// --slow-phase compute made it so): the others wait for it in the
+// all-reduce, and the verdict says how long. A job of one rank has nobody to
+// compare with: no straggler. A data straggler's cause, in order:
 //   binding   its loader's threads are bound to (or ran on) another NUMA node
 //             than the one its GPU (or, without GPUs, its plan) puts it on;
 //   simulated its loader was slowed on purpose (--simulate-slow-rank);
@@ -54,11 +59,12 @@ struct RankBinding {
   int loader_threads = 0;
   bool misbound = false;        // --misbind-rank
   double simulated_delay_ms = 0;  // --simulate-slow-rank
+  std::string simulated_phase = "data";  // --slow-phase: where that delay is spent
 };
 
 struct Verdict {
   int straggler = -1;  // -1: nobody
-  std::string cause;   // "binding", "simulated", "capacity" (empty with nobody)
+  std::string cause;   // "binding", "simulated", "capacity", "compute" (empty with nobody)
   std::string sentence;  // plain words: who, how slow, why, what to change
   std::string waiting;   // the others' wait in the all-reduce, when it shows
 };

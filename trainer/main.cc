@@ -132,9 +132,12 @@ void AddDiagnosticOptions(CLI::App& app, Options& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "JSON lines: one per report per rank, one per epoch");
-  app.add_option("--simulate-slow-rank", o.simulate_slow_rank, "Testing: slow this rank's loader")
+  app.add_option("--simulate-slow-rank", o.simulate_slow_rank, "Testing: slow this rank (its loader, or its compute)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--delay-ms", o.delay_ms, "... by this many ms per batch")->check(CLI::Range(0.0, 1e6));
+  app.add_option("--slow-phase", o.slow_phase, "... in its loader (data) or in each step's compute")
+      ->check(CLI::IsMember({"data", "compute"}))
+      ->capture_default_str();
   app.add_option("--misbind-rank", o.misbind_rank, "Testing: bind this rank's loader to a wrong NUMA node")
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--check-sync", o.check_sync, "Check after every step that all ranks hold the same parameters");

@@ -68,6 +68,7 @@ struct Options {
   std::string metrics_out;
   int simulate_slow_rank = -1;
   double delay_ms = 0;
+  std::string slow_phase = "data";  // where --delay-ms is spent: data (the loader) or compute
   int misbind_rank = -1;
   bool check_sync = false;  // compare parameters across ranks after every step
   std::string params_out;   // rank 0 writes its final parameters (float32, flat)

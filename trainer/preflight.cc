@@ -124,18 +124,35 @@ std::string ForeignLockHolder(const std::string& path) {
   return holder;
 }
 
-// `what` names the output for the user ("--out DIR"); `path` is the file locked.
-Status LockOne(const std::string& path, const std::string& what, OutputLock* lock) {
-  Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!fd.valid()) return Status::FromErrno("cannot open " + path + " to lock " + what, errno);
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  if (fcntl(fd.get(), F_SETLK, &fl) == 0) {
-    lock->Add(std::move(fd));
-    return Status::Ok();
+Status Busy(const std::string& path, const std::string& what, Fd fd, int err);
+
+// `what` names the output for the user ("--out DIR"); `path` is the file
+// locked; `own`: a lock file of ours, removed when the job ends (OutputLock).
+Status LockOne(const std::string& path, const std::string& what, OutputLock* lock, bool own = false) {
+  for (int attempt = 0;; ++attempt) {
+    Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd.valid()) return Status::FromErrno("cannot open " + path + " to lock " + what, errno);
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(fd.get(), F_SETLK, &fl) != 0) {
+      const int err = errno;
+      return Busy(path, what, std::move(fd), err);
+    }
+    // A job that ended may have removed the name after we opened it: the
+    // lock must be on the file the name holds now.
+    struct stat held {}, named {};
+    if (!own || (fstat(fd.get(), &held) == 0 && stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+                 held.st_dev == named.st_dev)) {
+      lock->Add(std::move(fd), own ? path : "");
+      return Status::Ok();
+    }
+    if (attempt == 100) return Status::Internal("cannot lock " + path + " for " + what + ": it keeps being replaced");
   }
-  const int err = errno;
+}
+
+// The lock is taken: who holds it, in the user's words.
+Status Busy(const std::string& path, const std::string& what, Fd fd, int err) {
   struct flock q {};
   q.l_type = F_WRLCK;
   q.l_whence = SEEK_SET;
@@ -248,7 +265,7 @@ Status CheckOutputs(const Options& o) {
 
 Result<OutputLock> LockOutputs(const Options& o) {
   OutputLock lock;
-  if (!o.out.empty()) NL_RETURN_IF_ERROR(LockOne(o.out + "/.trainer.lock", "--out " + o.out, &lock));
+  if (!o.out.empty()) NL_RETURN_IF_ERROR(LockOne(o.out + "/.trainer.lock", "--out " + o.out, &lock, true));
   if (!o.metrics_out.empty()) {
     NL_RETURN_IF_ERROR(LockOne(o.metrics_out, "--metrics-out " + o.metrics_out, &lock));
   }

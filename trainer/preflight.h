@@ -9,6 +9,8 @@
 //   NL_ASSIGN_OR_RETURN(OutputLock lock, LockOutputs(options));  // held until destroyed
 #pragma once
 
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -41,10 +43,34 @@ Status CheckOutputs(const Options& o);
 // its ranks.
 class OutputLock {
  public:
-  void Add(Fd fd) { fds_.push_back(std::move(fd)); }
+  OutputLock() = default;
+  OutputLock(OutputLock&&) = default;
+  OutputLock& operator=(OutputLock&& other) noexcept {
+    Release();
+    fds_ = std::move(other.fds_);
+    remove_ = std::move(other.remove_);
+    return *this;
+  }
+  ~OutputLock() { Release(); }
+  // `remove`: a lock file of our own (--out's .trainer.lock), removed while
+  // still locked when the job ends (a locker that then finds the name gone or
+  // another file under it locks again); "" for a file that is an output.
+  void Add(Fd fd, std::string remove = "") {
+    fds_.push_back(std::move(fd));
+    remove_.push_back(std::move(remove));
+  }
 
  private:
+  void Release() {
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      if (!remove_[i].empty()) unlink(remove_[i].c_str());
+      fds_[i].Reset();
+    }
+    fds_.clear();
+    remove_.clear();
+  }
   std::vector<Fd> fds_;  // each holds its record lock until closed
+  std::vector<std::string> remove_;
 };
 Result<OutputLock> LockOutputs(const Options& o);
 

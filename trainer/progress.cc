@@ -46,7 +46,7 @@ std::string ProgressLine(const std::string& desc, int64_t n, int64_t total, doub
 Progress::Progress(std::string desc, int64_t total, bool terminal, int64_t plain_every, FILE* out)
     : desc_(std::move(desc)),
       total_(total),
-      plain_every_(plain_every > 0 ? plain_every : 50),
+      plain_every_(plain_every),
       terminal_(terminal),
       out_(out),
       start_(std::chrono::steady_clock::now()) {}
@@ -60,7 +60,7 @@ void Progress::Update(int64_t n, double loss) {
     last_draw_ = now;
     std::fprintf(out_, "\r%s", ProgressLine(desc_, n, total_, elapsed, loss).c_str());
     std::fflush(out_);
-  } else if (n % plain_every_ == 0) {
+  } else if (plain_every_ > 0 && n % plain_every_ == 0 && n < total_) {  // (Finish prints the last)
     std::fprintf(out_, "%s\n", ProgressLine(desc_, n, total_, elapsed, loss).c_str());
     std::fflush(out_);
   }

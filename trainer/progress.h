@@ -1,7 +1,8 @@
 // Rank 0's progress, in the incident's (tqdm's) format on a terminal:
 //   Train Epoch 11:  66%|######6   | 117/176 [00:16<00:04, 9.02it/s, loss=2.2641]
 // redrawn in place; when stderr is not a terminal, the same line printed
-// every `plain_every` steps and at the end.
+// every `plain_every` steps (0: never) and once at the end, by Finish, with
+// the epoch's mean loss.
 #pragma once
 
 #include <chrono>

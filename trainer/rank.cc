@@ -348,7 +348,7 @@ PipelineConfig Rank::InprocessConfig(const std::string& split) const {
 }
 
 void Rank::StartLoader(uint64_t start_epoch, uint64_t start_batch) {
-  const bool delay = o_.simulate_slow_rank == p_.rank && o_.delay_ms > 0;
+  const bool delay = o_.simulate_slow_rank == p_.rank && o_.delay_ms > 0 && o_.slow_phase == "data";
   PipelineConfig c = TrainPipeline(o_, p_, start_epoch, start_batch, g_.ring_size);
   if (o_.loader == "inprocess") {
     const PipelineConfig own = InprocessConfig("train");
@@ -403,6 +403,7 @@ void Rank::ExchangeBindings() {
       o_.loader_threads ? o_.loader_threads : std::max<size_t>(1, loader_plan_.loader_cpus.size()));
   b.misbound = o_.misbind_rank == p_.rank;
   b.simulated_delay_ms = o_.simulate_slow_rank == p_.rank ? o_.delay_ms : 0;
+  b.simulated_phase = o_.slow_phase;
   const std::string j = BindingToJson(b);
   store_->set("binding/" + std::to_string(p_.rank), std::vector<uint8_t>(j.begin(), j.end()));
   if (p_.rank != 0) return;
@@ -492,6 +493,9 @@ StepTimes Rank::ForwardBackwardStep(const Batch& batch, Clock::time_point t0, do
 #if NL_TRAINER_CUDA
   if (cuda_) torch::cuda::synchronize();
 #endif
+  if (o_.simulate_slow_rank == p_.rank && o_.slow_phase == "compute") {  // a slow device, on purpose
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.delay_ms));
+  }
   const auto t2 = Clock::now();
   const std::string n = std::to_string(step_ + 1);
   SetPhase(Phase::kComm, step_ + 1);

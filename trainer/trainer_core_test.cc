@@ -166,6 +166,31 @@ TEST(Chart, AStackedBarPerRankWithTheStragglerMarked) {
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }
 
+// Off a terminal: a line every plain_every steps but the last, then Finish's
+// one line (before, the 100% line came twice, with two losses, and
+// --report-every 0 still printed every 50 steps).
+TEST(Progress, OffATerminalEachLineOnceAndNoneForZero) {
+  auto lines = [](int64_t every) {
+    char* buf = nullptr;
+    size_t len = 0;
+    FILE* f = open_memstream(&buf, &len);
+    Progress p("E", 100, false, every, f);
+    for (int64_t n = 1; n <= 100; ++n) p.Update(n, 1.0);
+    p.Finish(0.5);
+    std::fclose(f);
+    const std::string text(buf, len);
+    std::free(buf);
+    return text;
+  };
+  const std::string fifty = lines(50);
+  EXPECT_EQ(std::count(fifty.begin(), fifty.end(), '\n'), 2) << fifty;
+  EXPECT_NE(fifty.find(" 50/100 "), std::string::npos) << fifty;
+  EXPECT_NE(fifty.find("100/100 [00:00<00:00"), std::string::npos) << fifty;
+  EXPECT_NE(fifty.find("loss=0.5000]"), std::string::npos) << "the last line has the epoch's loss: " << fifty;
+  const std::string zero = lines(0);
+  EXPECT_EQ(std::count(zero.begin(), zero.end(), '\n'), 1) << zero;
+}
+
 TEST(Progress, TheIncidentsFormat) {
   EXPECT_EQ(ProgressLine("Train Epoch 11", 117, 176, 16.0, 2.2641),
             "Train Epoch 11:  66%|######6   | 117/176 [00:16<00:08, 7.31it/s, loss=2.2641]");
@@ -552,6 +577,33 @@ TEST(TrainerBindingJson, RoundTrip) {
   EXPECT_EQ(got.loader_threads, 4);
   EXPECT_TRUE(got.misbound);
   EXPECT_DOUBLE_EQ(got.simulated_delay_ms, 40);
+}
+
+// Rank 1's compute at 5x rank 0's (10.2 against 2.0 ms), its data on time:
+// rank 0 spends its step in the all-reduce waiting for it.
+TEST(Diagnose, AComputeStragglerIsNamedWithTheOthersWait) {
+  std::vector<RankTiming> t = {T(0, 0.1, 2.0, 8.5), T(1, 0.1, 10.2, 0.3)};
+  std::vector<RankBinding> b = {B(0, 0, 0), B(1, 0, 0)};
+  Verdict v = Diagnose(t, b);
+  EXPECT_EQ(v.straggler, 1);
+  EXPECT_EQ(v.cause, "compute");
+  EXPECT_NE(v.sentence.find("Rank 1 is the straggler: its compute (forward, backward, optimiser) takes 10.2 ms a "
+                            "step against 2.00 ms on the other ranks (median): 8.20 ms more, 77% of its 10.6 ms step"),
+            std::string::npos)
+      << v.sentence;
+  EXPECT_NE(v.waiting.find("Rank 0 waits 8.20 ms a step in the all-reduce for rank 1: its comm_time is the "
+                           "straggler's compute"),
+            std::string::npos)
+      << v.waiting;
+  b[1].simulated_delay_ms = 8;
+  b[1].simulated_phase = "compute";
+  v = Diagnose(t, b);
+  EXPECT_EQ(v.cause, "simulated");
+  EXPECT_NE(v.sentence.find("--slow-phase compute"), std::string::npos) << v.sentence;
+  // A data straggler comes first; even compute is nobody.
+  EXPECT_EQ(Diagnose({T(0, 0.1, 2.0, 8.5), T(1, 30, 10.2, 0.3)}, b).cause, "capacity");
+  EXPECT_EQ(Diagnose({T(0, 0.1, 2.0, 0.3), T(1, 0.1, 2.5, 0.3), T(2, 0.1, 2.2, 0.3)}, b).straggler, -1);
+  EXPECT_EQ(Diagnose({T(0, 0.1, 0.4, 0.3), T(1, 0.1, 0.9, 0.3)}, b).straggler, -1) << "under 1 ms more: noise";
 }
 
 // ---- the settings every rank must share ----
