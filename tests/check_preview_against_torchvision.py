@@ -2,8 +2,9 @@
 
 Packs an ImageFolder of images of many sizes (up- and downscaling, both
 orientations), previews every sample with each resize mode and size, and
-compares with torchvision's Resize((S, S)) (squash) and Resize(S) +
-CenterCrop(S) (shorter-crop). The contract is agreement within 1 per channel
+compares with torchvision's Resize((S, S)) (squash), Resize(S) +
+CenterCrop(S) (shorter-crop) and Resize(round(S / 0.875)) + CenterCrop(S)
+(shorter-crop with --resize-size: ImageNet's eval). The contract is agreement within 1 per channel
 value; the largest difference seen is printed.
 
 Usage: check_preview_against_torchvision.py PACK_TOOL LOADER SCRATCH
@@ -30,12 +31,15 @@ samples = [p for p, _ in __import__("torchvision").datasets.ImageFolder(root).sa
 
 worst = 0
 for size in (224, 64):
-    for mode in ("squash", "shorter-crop"):
+    for mode in ("squash", "shorter-crop", "center"):
         out = os.path.join(scratch, f"{mode}-{size}")
+        r = round(size / 0.875)
+        flags = ["--resize", "shorter-crop", "--resize-size", str(r)] if mode == "center" else ["--resize", mode]
         subprocess.check_call([loader, "preview", "--data", packed, "--indices",
                                ",".join(str(i) for i in range(len(samples))), "--out", out,
-                               "--resize", mode, "--image-size", str(size)], stdout=subprocess.DEVNULL)
-        ref = T.Resize((size, size)) if mode == "squash" else T.Compose([T.Resize(size), T.CenterCrop(size)])
+                               "--image-size", str(size)] + flags, stdout=subprocess.DEVNULL)
+        ref = (T.Resize((size, size)) if mode == "squash" else
+               T.Compose([T.Resize(size if mode == "shorter-crop" else r), T.CenterCrop(size)]))
         for i, path in enumerate(samples):
             want = np.asarray(ref(Image.open(path).convert("RGB")), dtype=np.int16)
             got = np.asarray(Image.open(os.path.join(out, f"{i}.png")).convert("RGB"), dtype=np.int16)
@@ -44,5 +48,5 @@ for size in (224, 64):
             worst = max(worst, diff)
             if diff > 1:
                 print(f"FAIL {path} {Image.open(path).size} {mode} {size}: max diff {diff}")
-print(f"{len(samples)} images x 2 modes x 2 sizes: largest difference from torchvision {worst}")
+print(f"{len(samples)} images x 3 modes x 2 sizes: largest difference from torchvision {worst}")
 sys.exit(0 if worst <= 1 else 1)

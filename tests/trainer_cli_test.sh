@@ -80,6 +80,8 @@ expect_out "^rank +data ms mean/p95" "rank 0 prints the per-rank table"
 expect_out "^ +3 +[0-9.]+ / [0-9.]+ " "with a line for rank 3"
 expect_text "straggler: none" "nobody is named without a straggler"
 expect_out "^epoch 0: train loss [0-9.]+, test top-1 [0-9.]+%, top-5" "the epoch line with test accuracy"
+expect_text "trainer: train transform train, pad-crop 4, flip, resize squash, decode fast, layout nchw; eval transform squash" \
+  "the start-up lines say which transforms it trains and evaluates with"
 $PY - "$W/m4/metrics.jsonl" >"$W/out" 2>&1 <<'PYEOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
@@ -104,6 +106,16 @@ else
   fail "no chart at $W/m4/timing-epoch-0.svg"
 fi
 nothing_left "trainer-$PORT-" "after a clean run"
+
+# --- ImageNet's transforms: RandomResizedCrop to train, Resize + CenterCrop to evaluate
+next_port
+expect_rc_stdout 0 "--random-resized-crop --eval-transform center-crop" "$TR" --data "$W/p" "${SMALL[@]}" \
+  --nproc-per-node 1 --batch-size 16 --max-steps 3 --random-resized-crop --eval-transform center-crop \
+  --master-port "$PORT"
+expect_text "train transform train, random-resized-crop (scale 0.08-1, ratio 0.75-1.3333333333333333), flip" \
+  "trains with RandomResizedCrop"
+expect_text "eval transform resize shorter side to 37, centre crop" "and evaluates with Resize(37) + CenterCrop(32)"
+expect_out "^epoch 0: train loss [0-9.]+, test top-1 [0-9.]+%" "and evaluates"
 
 # --- the straggler ------------------------------------------------------------
 # 600 ms a batch, well above a step here under any build: a slowed loader

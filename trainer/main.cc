@@ -77,6 +77,11 @@ void AddLoaderOptions(CLI::App& app, Options& o, SharedOptions& shared) {
   nl::AddOrderOptions(&app, &shared.order);
   app.get_option("--image-size")->description("Side of the images the model sees")->check(CLI::Range(8, 4096));
   app.add_option("--eval-split", o.eval_split, "Split evaluated each epoch")->capture_default_str();
+  app.add_option("--eval-transform", o.eval_transform,
+                 "squash (resize to SxS) or center-crop (ImageNet's: the shorter side to S/0.875, 256 for 224, "
+                 "then the centre SxS)")
+      ->check(CLI::IsMember({"squash", "center-crop"}))
+      ->capture_default_str();
   nl::AddPlanOptions(&app, &o.plan, nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
 }
 

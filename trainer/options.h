@@ -37,6 +37,7 @@ struct Options {
   // and flip); transform.image_size is the model's input size.
   TransformConfig transform = TrainerDefaultTransform();
   std::string eval_split = "test";
+  std::string eval_transform = "squash";  // squash, or center-crop (shorter side S/0.875, centre SxS)
 
   // Launch (ignored when RANK/WORLD_SIZE/LOCAL_RANK are set).
   int nproc_per_node = 1, nnodes = 1, node_rank = 0;

@@ -421,6 +421,11 @@ void Rank::SayPlan() const {
       ", device " + g_.device.str() + ", loader " + o_.loader + ", " + std::to_string(reducer_->buckets()) +
       " gradient bucket(s), backend " + comm_->backend_name());
   Say("trainer: ring bytes per image " + std::to_string(3 * g_.ring_size * g_.ring_size));
+  Say("trainer: train transform " + DescribeTransform(o_.transform) + "; eval transform " +
+      (o_.eval_transform == "center-crop"
+           ? "resize shorter side to " + std::to_string(std::lround(g_.ring_size / 0.875)) + ", centre crop"
+           : std::string("squash")) +
+      " (--augment, --pad-crop, --random-resized-crop, --no-flip, --eval-transform choose them)");
 }
 
 void Rank::TrainEpoch(int64_t epoch) {
@@ -651,6 +656,10 @@ std::pair<double, double> Rank::Evaluate() {
   c.epochs = 1;
   c.transform.train = false;
   c.transform.decode = DecodeMode::kExact;  // the eval transform's (--decode shapes training's)
+  if (o_.eval_transform == "center-crop") {  // torchvision's Resize(S / 0.875) + CenterCrop(S)
+    c.transform.resize = ResizeMode::kShorterCrop;
+    c.transform.resize_size = static_cast<int>(std::lround(g_.ring_size / 0.875));
+  }
   std::unique_ptr<Pipeline> pipe = Take(Pipeline::Open(c), "cannot open the " + o_.eval_split + " split");
   torch::NoGradGuard ng;
   model_->eval();

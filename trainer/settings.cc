@@ -14,7 +14,9 @@ std::string Number(double v) {  // the shortest text that reads back as v
   return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
 }
 
-std::string Transform(const TransformConfig& t) {
+}  // namespace
+
+std::string DescribeTransform(const TransformConfig& t) {
   std::string s = t.train ? "train" : "eval";
   if (t.train) {
     if (t.pad_crop) s += ", pad-crop " + std::to_string(t.pad_crop);
@@ -25,6 +27,7 @@ std::string Transform(const TransformConfig& t) {
     s += t.flip ? ", flip" : ", no flip";
   }
   s += std::string(", resize ") + (t.resize == ResizeMode::kSquash ? "squash" : "shorter-crop");
+  if (t.resize_size) s += " " + std::to_string(t.resize_size);
   s += std::string(", decode ") + DecodeModeName(t.decode);
   s += std::string(", layout ") + (t.layout == Layout::kNCHW ? "nchw" : "nhwc");
   if (t.normalize) {
@@ -33,8 +36,6 @@ std::string Transform(const TransformConfig& t) {
   }
   return s;
 }
-
-}  // namespace
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string list;
@@ -56,7 +57,8 @@ Settings SharedSettings(const Options& o, const Manifest& m, const std::string& 
       {"--model", o.model},
       {"--batch-size", std::to_string(o.batch_size)},
       {"--image-size", std::to_string(o.transform.image_size)},
-      {"the train transform", Transform(o.transform)},
+      {"the train transform", DescribeTransform(o.transform)},
+      {"--eval-transform", o.eval_transform},
       {"--order", OrderChoiceName(o.order)},
       {"--seed", std::to_string(o.seed)},
       {"--epochs", std::to_string(o.epochs)},

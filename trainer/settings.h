@@ -30,6 +30,10 @@ Settings SharedSettings(const Options& o, const Manifest& m, const std::string& 
 // setting: "--seed (rank 0: 1; ranks 1 and 2: 2)"; empty when they agree.
 std::vector<std::string> SettingsDiffer(const std::vector<Settings>& ranks);
 
+// The transform in words: "train, pad-crop 4, flip, resize squash, decode
+// fast, layout nchw".
+std::string DescribeTransform(const TransformConfig& t);
+
 // "0, 1 and 3".
 std::string RankList(const std::vector<int>& ranks);
 

@@ -34,6 +34,9 @@ void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f, u
     app->add_option("--resize", f->resize,
                     "squash (to SxS) or shorter-crop (shorter side S, centre crop)")
         ->capture_default_str();
+    app->add_option("--resize-size", c->resize_size,
+                    "With shorter-crop: the shorter side becomes R, then the centre SxS is kept (torchvision "
+                    "Resize(R) + CenterCrop(S); ImageNet's eval: 256 for 224); default: --image-size");
     AddAugmentFlag(app, f);
     app->add_option("--pad-crop", f->pad_crop,
                     "Train: zero-pad P pixels, then random crop (before resize)")
@@ -101,6 +104,16 @@ Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
   }
   if (c->image_size < 1 || c->image_size > 8192)
     return Status::InvalidArgument("--image-size must be 1..8192");
+  if (c->resize_size != 0) {
+    if (c->resize != ResizeMode::kShorterCrop) {
+      return Status::InvalidArgument("--resize-size " + std::to_string(c->resize_size) +
+                                     " needs --resize shorter-crop (squash resizes straight to --image-size)");
+    }
+    if (c->resize_size < c->image_size || c->resize_size > 8192) {
+      return Status::InvalidArgument("--resize-size must be --image-size (" + std::to_string(c->image_size) +
+                                     ") .. 8192, not " + std::to_string(c->resize_size));
+    }
+  }
   if (!c->normalize && (!f.mean.empty() || !f.std.empty())) {
     return Status::InvalidArgument("--mean and --std apply to --normalize: add it");
   }

@@ -77,6 +77,7 @@ void PushPipeline(std::vector<std::string>* a, const PipelineConfig& p) {
 void PushTransform(std::vector<std::string>* a, const TransformConfig& t) {
   Push(a, "--image-size", std::to_string(t.image_size));
   Push(a, "--resize", ResizeModeName(t.resize));
+  if (t.resize_size != 0) Push(a, "--resize-size", std::to_string(t.resize_size));
   if (t.train) {
     a->push_back("--augment");
     Push(a, "--pad-crop", std::to_string(t.pad_crop));

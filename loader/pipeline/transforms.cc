@@ -112,13 +112,15 @@ SampleGeometry SampleTransform::Geometry(int w, int h, uint64_t epoch, uint64_t 
     }
     g.full_w = g.full_h = s;
   } else if (c_.resize == ResizeMode::kShorterCrop) {
-    // torchvision Resize(s): the shorter side becomes s, the longer
-    // int(s * long / short); then CenterCrop(s) with Python's round().
+    // torchvision Resize(r): the shorter side becomes r (resize_size, else
+    // s), the longer int(r * long / short); then CenterCrop(s) with Python's
+    // round().
+    const int r = std::max(s, c_.resize_size);
     const bool wide = g.crop_w >= g.crop_h;
     const int shorter = wide ? g.crop_h : g.crop_w, longer = wide ? g.crop_w : g.crop_h;
-    const int new_long = static_cast<int>(static_cast<double>(s) * longer / shorter);
-    g.full_w = wide ? new_long : s;
-    g.full_h = wide ? s : new_long;
+    const int new_long = static_cast<int>(static_cast<double>(r) * longer / shorter);
+    g.full_w = wide ? new_long : r;
+    g.full_h = wide ? r : new_long;
     auto py_round_half = [](int diff) {  // round(diff / 2.0), half to even
       return (diff % 2 == 0) ? diff / 2 : ((diff / 2) % 2 == 0 ? diff / 2 : diff / 2 + 1);
     };

@@ -39,6 +39,10 @@ Result<Layout> ParseLayout(const std::string& s);
 struct TransformConfig {
   int image_size = 224;
   ResizeMode resize = ResizeMode::kSquash;
+  // kShorterCrop: the shorter side becomes resize_size, then the centre
+  // image_size square is kept (torchvision Resize(R) + CenterCrop(S);
+  // ImageNet's eval: 256 for 224). 0: image_size.
+  int resize_size = 0;
   bool train = false;  // augment (otherwise eval: resize only)
   int pad_crop = 0;    // train: pad then random crop
   bool random_resized_crop = false;

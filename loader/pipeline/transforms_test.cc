@@ -78,6 +78,25 @@ TEST(Transform, ShorterCropMatchesTorchvisionGeometry) {
   EXPECT_EQ(g.out_y, 169);
 }
 
+// ImageNet's eval: Resize(256) + CenterCrop(224).
+TEST(Transform, ResizeSizeThenCentreCropMatchesTorchvisionGeometry) {
+  TransformConfig c;
+  c.image_size = 224;
+  c.resize = ResizeMode::kShorterCrop;
+  c.resize_size = 256;
+  SampleTransform t(c);
+  SampleGeometry g = t.Geometry(500, 375, 0, 0);  // 341x256 (int(341.33)); left round(58.5) = 58, top 16
+  EXPECT_EQ(g.full_w, 341);
+  EXPECT_EQ(g.full_h, 256);
+  EXPECT_EQ(g.out_x, 58);
+  EXPECT_EQ(g.out_y, 16);
+  g = t.Geometry(375, 500, 0, 0);
+  EXPECT_EQ(g.full_w, 256);
+  EXPECT_EQ(g.full_h, 341);
+  EXPECT_EQ(g.out_x, 16);
+  EXPECT_EQ(g.out_y, 58);
+}
+
 TEST(Transform, RandomResizedCropStaysInsideAndVaries) {
   TransformConfig c;
   c.image_size = 16;

@@ -40,6 +40,7 @@ SERVE_OPTIONS = collections.OrderedDict([
     ("io_memory", ("size", None)),
     ("image_size", ("int", 224)),
     ("resize", ("str", "squash")),
+    ("resize_size", ("int", None)),
     ("augment", ("flag", False)),
     ("pad_crop", ("int", None)),
     ("random_resized_crop", ("flag", False)),
@@ -63,7 +64,7 @@ SERVE_OPTIONS = collections.OrderedDict([
 # What every rank's server must agree on (the rest, threads, binding,
 # read-ahead, is each rank's own).
 _AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
-           "drop_last_batch", "on_bad_record", "order", "image_size", "resize", "augment",
+           "drop_last_batch", "on_bad_record", "order", "image_size", "resize", "resize_size", "augment",
            "pad_crop", "random_resized_crop", "no_flip", "decode", "layout", "normalize", "mean",
            "std", "batches_per_epoch", "sample_bytes")
 
