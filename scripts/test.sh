@@ -22,8 +22,11 @@ if [ "${1:-}" = "--sanitize" ]; then
   # half the stage's test time, 5x the optimized build's. The trainer's own
   # code still runs under ASan in trainer_core_test, trainer_rooms_test,
   # faults_cli (real jobs on damaged data) and trainer_cli's disk-full and
-  # traced parts; the excluded checks run in every other build.
-  tests_exclude='^trainer_cli(_dying)?$'
+  # traced parts; the excluded checks run in every other build. Nor the
+  # numa_loader package's install (cmake --install, pip into a venv): it
+  # checks where files go, nothing memory-safety finds, and runs in the
+  # optimized build.
+  tests_exclude='^(trainer_cli(_dying)?|numa_loader_py_install)$'
 
   # handle_sigbus=0: the shard reader's own SIGBUS handler (it names a shard
   # truncated under a running reader) is under test.
