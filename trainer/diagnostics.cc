@@ -80,15 +80,20 @@ namespace {
 // The slowest rank by the rule in diagnostics.h (its data wait more than
 // twice the others' median, over 10% of its step and at least 1 ms), or -1;
 // *others_median: the others' median data wait.
+// The median of the other ranks' mean `field` (data_ms, compute_ms) than rank i's.
+double OthersMedian(const std::vector<RankTiming>& t, size_t i, Summary RankTiming::*field) {
+  std::vector<double> others;
+  for (size_t j = 0; j < t.size(); ++j) {
+    if (j != i) others.push_back((t[j].*field).mean);
+  }
+  return Median(others);
+}
+
 int FindStraggler(const std::vector<RankTiming>& t, double* others_median) {
   int worst = -1;
   double worst_data = 0;
   for (size_t i = 0; i < t.size(); ++i) {
-    std::vector<double> others;
-    for (size_t j = 0; j < t.size(); ++j) {
-      if (j != i) others.push_back(t[j].data_ms.mean);
-    }
-    const double med = Median(others);
+    const double med = OthersMedian(t, i, &RankTiming::data_ms);
     const double d = t[i].data_ms.mean;
     const bool slow = d > 2 * med && d > 0.10 * t[i].step_ms.mean && d >= 1.0;
     if (slow && d > worst_data) {
@@ -105,11 +110,7 @@ int FindComputeStraggler(const std::vector<RankTiming>& t, double* others_median
   int worst = -1;
   double worst_excess = 0;
   for (size_t i = 0; i < t.size(); ++i) {
-    std::vector<double> others;
-    for (size_t j = 0; j < t.size(); ++j) {
-      if (j != i) others.push_back(t[j].compute_ms.mean);
-    }
-    const double med = Median(others);
+    const double med = OthersMedian(t, i, &RankTiming::compute_ms);
     const double c = t[i].compute_ms.mean;
     const double excess = c - med;
     const bool slow = c > 1.5 * med && excess >= 1.0 && excess > 0.10 * t[i].step_ms.mean;
