@@ -632,8 +632,8 @@ void Rank::Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, 
     Say("straggler: " + v.sentence);
     if (!v.waiting.empty()) Say("straggler: " + v.waiting);
   } else if (p_.world > 1) {
-    Say("straggler: none (no rank's data wait stands out: the rule is more than 2x the others' "
-        "median and over 10% of its step)");
+    Say("straggler: none (no rank's data wait or compute stands out: the rules are a data wait over 2x the "
+        "others' median, a compute over 1.5x, each over 10% of its step)");
   }
   WriteMetrics(ReportJsonLines(epoch, step, t));
   if (epoch_end) WriteChart(epoch, t, v.straggler);
