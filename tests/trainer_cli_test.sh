@@ -559,6 +559,10 @@ expect_text "--metrics-out $W/no/such/m.jsonl: cannot write in $W/no/such" "nami
 expect_rc 2 "--params-out on a directory is refused before training" "$TR" --data "$W/p" "${SMALL[@]}" \
   --nproc-per-node 2 --max-steps 2 --params-out "$W"
 expect_text "--params-out $W is a directory" "naming it"
+expect_rc 2 "--resume-changes without --resume" "$TR" --data "$W/p" "${SMALL[@]}" --resume-changes
+expect_text "--resume-changes needs --resume" "is refused, saying why"
+expect_rc 2 "--slow-phase compute without --simulate-slow-rank" "$TR" --data "$W/p" "${SMALL[@]}" --slow-phase compute
+expect_text "--slow-phase needs --simulate-slow-rank" "is refused, saying why"
 mkfifo "$W/fifo"
 expect_rc 2 "--params-out on a FIFO (a device would be replaced by the rename)" "$TR" --data "$W/p" "${SMALL[@]}" \
   --max-steps 2 --params-out "$W/fifo"

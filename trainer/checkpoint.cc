@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,17 @@ std::string Older(const std::string& path, const std::string& what) {
          " (not a checkpoint of this trainer, or one from an older version)";
 }
 
+// The optimizer state's key for parameter p: LibTorch 1.13 keys it by the
+// TensorImpl's address as text, later releases by the address itself.
+template <typename Map>
+typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return static_cast<typename Map::key_type>(p.unsafeGetTensorImpl());
+  }
+}
+
 // Every tensor a checkpoint holds, named: the model's parameters and
 // buffers, and the optimizer's momentum of each parameter that has one.
 std::vector<std::pair<std::string, torch::Tensor>> NamedTensors(Net& model, torch::optim::SGD& opt) {
@@ -34,7 +46,7 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedTensors(Net& model, torc
   for (const auto& b : model.named_buffers()) out.emplace_back("model buffer " + b.key(), b.value());
   auto& state = opt.state();
   for (const auto& p : model.named_parameters()) {
-    auto it = state.find(c10::guts::to_string(p.value().unsafeGetTensorImpl()));
+    auto it = state.find(StateKey(state, p.value()));
     if (it == state.end()) continue;
     const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
     if (s.momentum_buffer().defined()) out.emplace_back("optimizer momentum of " + p.key(), s.momentum_buffer());

@@ -190,6 +190,8 @@ std::string CheckOptions(const Options& o) {
   if (o.delay_ms > 0 && o.simulate_slow_rank < 0) return "--delay-ms needs --simulate-slow-rank";
   if (o.simulate_slow_rank >= 0 && o.delay_ms <= 0) return "--simulate-slow-rank needs --delay-ms > 0";
   if (o.checkpoint_every > 0 && o.out.empty()) return "--checkpoint-every needs --out";
+  if (o.resume_changes && o.resume.empty()) return "--resume-changes needs --resume";
+  if (o.slow_phase != "data" && o.simulate_slow_rank < 0) return "--slow-phase needs --simulate-slow-rank";
   if (!o.resume.empty()) {  // a FIFO or device would block or never end
     struct stat st {};
     if (stat(o.resume.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {

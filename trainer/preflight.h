@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/manifest.h"
@@ -44,11 +45,14 @@ Status CheckOutputs(const Options& o);
 class OutputLock {
  public:
   OutputLock() = default;
-  OutputLock(OutputLock&&) = default;
+  OutputLock(OutputLock&& other) noexcept
+      : fds_(std::exchange(other.fds_, {})), remove_(std::exchange(other.remove_, {})) {}
   OutputLock& operator=(OutputLock&& other) noexcept {
-    Release();
-    fds_ = std::move(other.fds_);
-    remove_ = std::move(other.remove_);
+    if (this != &other) {
+      Release();
+      fds_ = std::exchange(other.fds_, {});
+      remove_ = std::exchange(other.remove_, {});
+    }
     return *this;
   }
   ~OutputLock() { Release(); }

@@ -75,9 +75,17 @@ void JoinSteps(c10d::Store& store, int rank, int world, const std::string& where
   }
 }
 
+// One line a name, one a value: a newline inside either (an --eval-split
+// name can hold one) is written as the two characters \n.
+std::string OneLine(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  return out;
+}
+
 std::string Serialize(const Settings& s) {
   std::string out;
-  for (const auto& [k, v] : s) out += k + "\n" + v + "\n";  // (values hold no newline)
+  for (const auto& [k, v] : s) out += OneLine(k) + "\n" + OneLine(v) + "\n";
   return out;
 }
 

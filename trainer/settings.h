@@ -16,7 +16,7 @@
 namespace nl::trainer {
 
 // (name, value) pairs in one order; a name is the flag ("--batch-size") or
-// says what it is ("--data (its manifest)"); values hold no newline.
+// says what it is ("--data (its manifest)").
 using Settings = std::vector<std::pair<std::string, std::string>>;
 
 // What must match: the data set (its manifest's CRC-32C, classes and

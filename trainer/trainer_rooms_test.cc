@@ -400,6 +400,22 @@ TEST(TrainerRendezvous, RanksWithTheSameSettingsGoOn) {
   other.join();
 }
 
+// A value with a newline in it (an --eval-split name can hold one) stays one value.
+TEST(TrainerRendezvous, AValueWithANewlineIsComparedWhole) {
+  c10d::HashStore store;
+  const Settings zero = {{"--eval-split", "a\nb"}, {"--seed", "1"}};
+  const Settings one = {{"--eval-split", "a\nc"}, {"--seed", "1"}};
+  std::pair<std::string, proc::FailureKind> e1;
+  std::thread other([&] { e1 = ErrorOf([&] { AgreeSettings(store, 1, 2, one, "h:1", Ms(5000)); }); });
+  auto e0 = ErrorOf([&] { AgreeSettings(store, 0, 2, zero, "h:1", Ms(5000)); });
+  other.join();
+  const std::string want =
+      "the ranks' settings differ, so every rank stops before its first step: --eval-split (rank 0: a\\nb; rank "
+      "1: a\\nc) (start every rank with the same settings)";
+  EXPECT_EQ(e0.first, want);
+  EXPECT_EQ(e1.first, want);
+}
+
 TEST(TrainerRendezvous, EveryRankNamesTheSettingsThatDiffer) {
   c10d::HashStore store;
   const Settings zero = {{"--model", "smallcnn"}, {"--batch-size", "32"}, {"--seed", "1"}};

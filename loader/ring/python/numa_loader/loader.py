@@ -155,15 +155,19 @@ def _serve_args(options):
     return args
 
 
+_MAX_SECONDS = 1e7  # as loader serve's own timeouts (and within what Python's waits take)
+
+
 def _seconds(name, value):
-    """A timeout: None (no limit) or a positive number of seconds."""
+    """A timeout: None (no limit) or a number of seconds, more than 0 and at
+    most _MAX_SECONDS."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError("%s must be a number of seconds or None, not %r" % (name, value))
-    if not 0 < value < float("inf"):
-        raise ValueError("%s must be more than 0 and finite (None: no limit), not %r"
-                         % (name, value))
+    if not 0 < value <= _MAX_SECONDS:
+        raise ValueError("%s must be more than 0 and finite, at most %g (None: no limit), not %r"
+                         % (name, _MAX_SECONDS, value))
     return float(value)
 
 
@@ -380,14 +384,20 @@ def _copy_batch(pool, pin_memory, got):
     return item
 
 
+def _ending(rc):
+    """How a process with return code rc ended, in words."""
+    if rc is None:
+        return "nothing yet"
+    return "signal %d" % -rc if rc < 0 else "status %d" % rc
+
+
 def _server_state(proc, log):
     """The server's state, for error messages: running, or how it exited and its last lines."""
     if proc is None:
         return "stopped"
-    rc = proc.poll()
-    if rc is None:
+    if proc.poll() is None:
         return "running, pid %d" % proc.pid
-    state = "exited with " + ("signal %d" % -rc if rc < 0 else "status %d" % rc)
+    state = "exited with " + _ending(proc.returncode)
     tail = log.tail(4) if log is not None else ""
     return state + (":\n" + tail if tail else "")
 
@@ -694,7 +704,7 @@ class Loader(_Closes):
             if self._proc.poll() is not None:
                 self._log.join(5)
                 raise LoaderError("loader serve for rank %d exited with %s before it served:\n%s"
-                                  % (self.rank, self._exit_text(), self._log.tail()))
+                                  % (self.rank, _ending(self._proc.returncode), self._log.tail()))
             left = 0.5 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise LoaderError("loader serve for rank %d (pid %d) did not start serving within "
@@ -706,12 +716,6 @@ class Loader(_Closes):
                 return
             except LoaderError:
                 continue
-
-    def _exit_text(self):
-        rc = self._proc.returncode
-        if rc is None:
-            return "nothing yet"
-        return "signal %d" % -rc if rc < 0 else "status %d" % rc
 
     def _check_settings(self, deadline):
         import torch.distributed as tdist

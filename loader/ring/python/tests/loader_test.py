@@ -121,6 +121,16 @@ class OptionsTest(unittest.TestCase):
             Loader(DATA, timeout_s=float("nan"))
         with self.assertRaisesRegex(ValueError, "start_timeout_s must be more than 0"):
             Loader(DATA, start_timeout_s=-1)
+        # Past what a wait can take (OverflowError before) or loader serve's
+        # --attach-timeout (the server refused it before): refused here.
+        with self.assertRaisesRegex(ValueError, "timeout_s must be more than 0 and finite, at most 1e"):
+            Loader(DATA, timeout_s=1e300)
+        with self.assertRaisesRegex(ValueError, "start_timeout_s must be more than 0 and finite, at most 1e"):
+            Loader(DATA, start_timeout_s=1e9)
+
+    def test_the_longest_timeouts_are_taken(self):
+        with Loader(DATA, timeout_s=1e7, start_timeout_s=1e7, **SMALL) as loader:
+            self.assertEqual(len(list(loader)), 13)
 
     def test_a_failed_start_stops_the_server_before_raising(self):
         with self.assertRaisesRegex(LoaderError, "did not start serving") as cm:
