@@ -6,16 +6,24 @@
 #       python3-torch and torchvision) fed by ImageFolder + DataLoader over PNGs;
 #   (c) the same script fed by our Python consumer of the rings (numa_loader).
 # Prints images/s and the data_time share of each rank for each.
+# Then the gradients' reduction, overlapped with backward (the trainer's
+# default, as PyTorch's DDP) against after backward (--reduce after-backward),
+# for each rank count and model of --reduce-ranks and --reduce-models: step
+# time, exposed comm wait and all-reduce time per rank.
 #   bench/trainer_bench.sh [--ranks 2] [--model resnet18] [--image-size 64] [--batch-size 16]
 #                          [--steps 40] [--workers 1] [--images 4000] [--build build] [--work DIR]
+#                          [--reduce-ranks "2 4"] [--reduce-models "resnet18 resnet50"]
+#                          [--reduce-image-size 32] [--reduce-steps 25] (--reduce-ranks "": no comparison)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=2 model=resnet18 size=64 batch=16 steps=40 workers=1 images=4000 build=build work=""
+reduce_ranks="2 4" reduce_models="resnet18 resnet50" reduce_size=32 reduce_steps=25
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) ranks=$2 ;; --model) model=$2 ;; --image-size) size=$2 ;; --batch-size) batch=$2 ;;
     --steps) steps=$2 ;; --workers) workers=$2 ;; --images) images=$2 ;; --build) build=$2 ;;
-    --work) work=$2 ;;
+    --work) work=$2 ;; --reduce-ranks) reduce_ranks=$2 ;; --reduce-models) reduce_models=$2 ;;
+    --reduce-image-size) reduce_size=$2 ;; --reduce-steps) reduce_steps=$2 ;;
     *) echo "trainer_bench: unknown argument $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -107,4 +115,49 @@ b = summary.get("b", 0)
 for key in ("a", "c"):
     ratio = b / summary[key] if summary.get(key) else float("inf")
     print("%s: largest data share %.2f%% vs (b) %.2f%%: %.0fx smaller" % (names[key], summary[key], b, ratio))
+PYEOF
+
+[ -n "$reduce_ranks" ] || exit 0
+echo
+echo "== the gradients' reduction: after backward against overlapped with it (batch $batch per rank," \
+  "image $reduce_size, $reduce_steps steps, the first $report left out; both modes on the same machine, in turn)"
+for r in $reduce_ranks; do
+  for m in $reduce_models; do
+    for mode in after-backward overlap; do
+      port=$((port + 3))
+      "$build/bin/trainer" --data "$work/packed" --nproc-per-node "$r" --model "$m" --image-size "$reduce_size" \
+        --batch-size "$batch" --max-steps "$reduce_steps" --report-every "$report" --allow-shared-cores \
+        --loader-threads 1 --master-port "$port" --eval-split none --reduce "$mode" \
+        --metrics-out "$work/r-$r-$m-$mode.jsonl" >"$work/r.out" 2>&1 || { cat "$work/r.out" >&2; exit 1; }
+    done
+  done
+done
+$PY - "$work" "$report" "$batch" "$reduce_ranks" "$reduce_models" <<'PYEOF'
+import json, sys
+work, skip, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ranks, models = sys.argv[4].split(), sys.argv[5].split()
+print("%5s %-9s %-15s %4s %10s %13s %14s %9s" % ("ranks", "model", "reduction", "rank", "step ms",
+                                                 "comm wait ms", "all-reduce ms", "images/s"))
+for r in ranks:
+    for m in models:
+        step = {}
+        for mode in ("after-backward", "overlap"):
+            acc = {}
+            for l in open("%s/r-%s-%s-%s.jsonl" % (work, r, m, mode)):
+                j = json.loads(l)
+                if "rank" not in j or j["step"] <= skip:
+                    continue
+                a = acc.setdefault(j["rank"], [0.0, 0.0, 0.0, 0])
+                n = j["steps"]
+                a[0] += j["step_ms"] * n; a[1] += j["comm_ms"] * n; a[2] += j["allreduce_ms"] * n; a[3] += n
+            worst = 0.0
+            for rank in sorted(acc):
+                s, c, ar, n = acc[rank]
+                worst = max(worst, s / n)
+                print("%5s %-9s %-15s %4d %10.1f %13.1f %14.1f %9.1f" % (r, m, mode, rank, s / n, c / n, ar / n,
+                                                                      1000.0 * batch / (s / n)))
+            step[mode] = worst
+        gain = 100.0 * (step["after-backward"] - step["overlap"]) / step["after-backward"]
+        print("%5s %-9s overlapped: slowest rank's step %.1f ms against %.1f ms after backward (%+.1f%%)" %
+              (r, m, step["overlap"], step["after-backward"], -gain))
 PYEOF

@@ -154,6 +154,12 @@ expect_rc 0 "1 rank x batch 32" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-no
   --max-steps 10 --lr 0.05 --master-port "$PORT" --params-out "$W/w1.bin"
 d=$(maxdiff "$W/w1.bin" "$W/w2.bin")
 if lt "$d" 1e-5; then ok "the same parameters after 10 steps (max |diff| $d < 1e-5)"; else fail "parameters differ: $d"; fi
+# The reduction after backward (kept for comparison) gives the overlapped one's parameters exactly.
+next_port
+expect_rc 0 "2 ranks x batch 16, --reduce after-backward" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 \
+  --batch-size 16 --max-steps 10 --lr 0.05 --master-port "$PORT" --reduce after-backward --params-out "$W/w2a.bin"
+d=$(maxdiff "$W/w2.bin" "$W/w2a.bin")
+if lt "$d" 1e-30; then ok "the same parameters as overlapped (max |diff| $d)"; else fail "after-backward differs: $d"; fi
 
 # --- resume equals a run straight (resnet18, with batch norm) -------------------
 R18=(--data "$W/s" --model resnet18 --image-size 32 --allow-shared-cores --report-every 0 --nproc-per-node 2
@@ -356,6 +362,25 @@ else
   fail "stalled, then killed: $(tail -3 "$W/stallkill.out")"
 fi
 nothing_left "trainer-$PORT-" "after a stalled rank was killed"
+# A stall shorter than --timeout ends no collective: the window it fell in
+# names the rank, its length and the step.
+next_port
+start_training shortstall "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --batch-size 8 --epochs 12 \
+  --max-steps 1500 --report-every 250 --timeout 60 --master-port "$PORT"
+LP=$BG
+sleep 0.5
+RS=$(rank_pid "$LP" 1)
+kill -STOP "$RS"
+sleep 3
+kill -CONT "$RS"
+wait_exit "$LP" 60
+check_rc $? 0 "rank 1 stopped for 3 s (--timeout 60): the job ends (${SECS} s)"
+if grep -Eq "^stall: rank 1 stalled: its process did not run for at least [2-9]\.[0-9] s at step [0-9]+ \(stopped.*the other ranks waited" \
+  "$W/shortstall.out" && ! grep -q "^stall: rank 0" "$W/shortstall.out"; then
+  ok "the stall is named: rank 1, its length and step"
+else
+  fail "a 3 s stall: $(grep -E '^(stall|straggler)' "$W/shortstall.out" | head -5)"
+fi
 # A loader service stopped before it opens its ring: named within --timeout.
 # (--loader-bin: a wrapper that stops itself before it runs the loader, so the
 # stop lands before the ring opens however fast or slow this machine is.)

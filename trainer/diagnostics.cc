@@ -75,6 +75,12 @@ std::string NodeList(uint64_t bits) {
   return s.empty() ? "?" : s;
 }
 
+std::string NodeText(int bound, uint64_t ran_on) {
+  const std::string b = bound >= 0 ? std::to_string(bound) : "unbound";
+  if (ran_on == 0 || (bound >= 0 && bound < 64 && ran_on == (uint64_t{1} << bound))) return bound >= 0 ? b : "-";
+  return (bound >= 0 ? b + ", ran " : "ran ") + NodeList(ran_on);
+}
+
 namespace {
 
 // The slowest rank by the rule in diagnostics.h (its data wait more than
@@ -253,21 +259,46 @@ Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding
   return v;
 }
 
+std::vector<std::string> DescribeStalls(const std::vector<RankTiming>& t) {
+  std::vector<double> own;
+  for (const RankTiming& x : t) own.push_back(x.data_ms.mean + x.compute_ms.mean);
+  std::sort(own.begin(), own.end());
+  const double typical = own.empty() ? 0 : own[own.size() / 2];
+  std::vector<std::string> out;
+  char line[512];
+  for (const RankTiming& x : t) {
+    const char* others = t.size() > 1 ? "; the other ranks waited for it in the all-reduce" : "";
+    if (x.frozen_ms >= 1000) {
+      std::snprintf(line, sizeof line,
+                    "rank %d stalled: its process did not run for at least %.1f s at step %lld (stopped: SIGSTOP, a "
+                    "debugger, or the machine swapping)%s",
+                    x.rank, x.frozen_ms / 1000, static_cast<long long>(x.frozen_step), others);
+    } else if (x.own_max_ms >= 1000 && x.own_max_ms >= 10 * typical) {
+      std::snprintf(line, sizeof line, "rank %d stalled: step %lld took it %.1f s in its %s (a step's work is %s ms)%s",
+                    x.rank, static_cast<long long>(x.own_max_step), x.own_max_ms / 1000,
+                    x.own_max_in_data ? "data wait" : "compute", Ms(typical).c_str(), others);
+    } else {
+      continue;
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
 std::string FormatTable(const std::vector<RankTiming>& t, const std::vector<RankBinding>& b) {
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof line, "%4s  %17s  %17s  %17s  %17s  %8s  %-14s %-5s %-13s\n", "rank",
-                "data ms mean/p95", "compute ms", "comm ms", "step ms", "img/s", "loader cpus",
-                "node", "gpu");
+  std::snprintf(line, sizeof line, "%4s  %17s  %17s  %17s  %17s  %17s  %8s  %-14s %-9s %-13s\n", "rank",
+                "data ms mean/p95", "compute ms", "comm wait ms", "all-reduce ms", "step ms", "img/s",
+                "loader cpus", "node", "gpu");
   o << line;
   for (const RankTiming& x : t) {
     const RankBinding* rb = Find(b, x.rank);
     auto pair = [](const Summary& s) { return Ms(s.mean) + " / " + Ms(s.p95); };
-    std::string node = rb && rb->loader_node >= 0 ? std::to_string(rb->loader_node) : "-";
-    if (x.ran_on_nodes) node += " (ran " + NodeList(x.ran_on_nodes) + ")";
-    std::snprintf(line, sizeof line, "%4d  %17s  %17s  %17s  %17s  %8.1f  %-14s %-5s %-13s\n",
+    const std::string node = NodeText(rb ? rb->loader_node : -1, x.ran_on_nodes);
+    std::snprintf(line, sizeof line, "%4d  %17s  %17s  %17s  %17s  %17s  %8.1f  %-14s %-9s %-13s\n",
                   x.rank, pair(x.data_ms).c_str(), pair(x.compute_ms).c_str(),
-                  pair(x.comm_ms).c_str(), pair(x.step_ms).c_str(), x.images_per_s,
+                  pair(x.comm_ms).c_str(), pair(x.allreduce_ms).c_str(), pair(x.step_ms).c_str(), x.images_per_s,
                   rb && !rb->loader_cpus.empty() ? rb->loader_cpus.c_str() : "unbound",
                   node.c_str(), rb ? GpuText(*rb).c_str() : "?");
     o << line;
@@ -284,14 +315,20 @@ std::string ReportJsonLines(int64_t epoch, int64_t step, const std::vector<RankT
                         {"data_ms", x.data_ms.mean},
                         {"compute_ms", x.compute_ms.mean},
                         {"comm_ms", x.comm_ms.mean},
+                        {"allreduce_ms", x.allreduce_ms.mean},
                         {"step_ms", x.step_ms.mean},
                         {"loss", x.loss},
                         {"data_ms_p95", x.data_ms.p95},
                         {"compute_ms_p95", x.compute_ms.p95},
                         {"comm_ms_p95", x.comm_ms.p95},
+                        {"allreduce_ms_p95", x.allreduce_ms.p95},
                         {"step_ms_p95", x.step_ms.p95},
                         {"images_per_s", x.images_per_s},
-                        {"steps", x.steps}};
+                        {"steps", x.steps},
+                        {"longest_own_ms", x.own_max_ms},
+                        {"longest_own_step", x.own_max_step},
+                        {"frozen_ms", x.frozen_ms},
+                        {"frozen_step", x.frozen_step}};
     out += j.dump() + "\n";
   }
   return out;

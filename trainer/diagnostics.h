@@ -39,13 +39,31 @@ Summary Summarize(std::vector<double> v);
 // One rank's timings over a report window (milliseconds per step).
 struct RankTiming {
   int rank = 0;
-  Summary data_ms, compute_ms, comm_ms, step_ms;
+  // comm: the step's exposed wait for its collectives (after backward);
+  // allreduce: the gradients' all-reduce from first launch to last arrival,
+  // overlapped with backward or not.
+  Summary data_ms, compute_ms, comm_ms, step_ms, allreduce_ms;
   double images_per_s = 0;
   double loss = 0;  // mean over the window
   int64_t steps = 0;
   // Bit n set: a loader thread of this rank was last seen running on NUMA node n.
   uint64_t ran_on_nodes = 0;
+  // The window's longest step by the rank's own work (data wait + compute),
+  // its number, and whether the data wait was the larger part; the longest
+  // time the rank's process did not run at all, and the step it was at.
+  double own_max_ms = 0;
+  int64_t own_max_step = 0;
+  bool own_max_in_data = false;
+  double frozen_ms = 0;
+  int64_t frozen_step = 0;
 };
+
+// Stalls in a window, one sentence each (README, "Which rank is slow and
+// why"): a rank whose process did not run for a second or more, or whose
+// own work on one step took a second or more and over 10x the ranks'
+// median step work. Stalls shorter than --timeout end no collective; this
+// names them, with their length and step.
+std::vector<std::string> DescribeStalls(const std::vector<RankTiming>& t);
 
 // Where one rank's work runs (exchanged once at start).
 struct RankBinding {
@@ -94,5 +112,8 @@ std::string ChartSvg(const std::string& title, const std::vector<RankTiming>& t,
 
 // NUMA nodes in a bit set, "0" or "0,1".
 std::string NodeList(uint64_t bits);
+// The table's node column: the bound node alone when the loader ran only
+// there, else "0, ran 1"; "ran 0" unbound; "-" unbound and unseen.
+std::string NodeText(int bound, uint64_t ran_on);
 
 }  // namespace nl::trainer

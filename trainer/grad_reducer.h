@@ -1,27 +1,91 @@
-// Gradient averaging in buckets of about bucket_bytes (reverse parameter
-// order, as DDP fills them during backward), one all-reduce per bucket, all
-// started before the first is waited for. After Reduce every rank holds the
-// mean of the ranks' gradients. A failure is Comm's (RankError).
+// Gradient averaging the way DDP does it: the parameters are grouped in
+// buckets of about bucket_bytes (the first one 1 MiB at most; reverse
+// registration order, the order backward produces them), each bucket is one persistent flat buffer and every
+// parameter's .grad is a view of it (no per-step concatenation or copy back).
+//
+// Overlapped (the default): a post hook on each parameter's gradient
+// accumulator counts the bucket's gradients in; when a bucket is whole, and
+// every bucket before it has been launched, its all-reduce starts, while
+// backward goes on computing the next. Finish (after backward) launches what
+// is left (a bucket holding a parameter that got no gradient: its zeros), and
+// waits. After-backward: every bucket is launched by Finish, in the same
+// order; kept to measure what the overlap gains.
+//
+// Buckets are launched in index order on every rank, so the collectives
+// match. After Finish every rank's gradients are the mean of the ranks'. A
+// failure is Comm's (RankError). Hooks may run on autograd's device threads;
+// the state they touch is under a mutex.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
 
 #include "trainer/comm.h"
 
 namespace nl::trainer {
 
+enum class ReduceMode { kOverlap, kAfterBackward };
+
+struct ReduceTimes {
+  double exposed_ms = 0;    // from backward's end until every bucket had arrived
+  double allreduce_ms = 0;  // from the first bucket's launch until the last one had arrived
+};
+
+struct Arrivals;
+
 class GradReducer {
  public:
-  GradReducer(const std::vector<at::Tensor>& params, int64_t bucket_bytes);
+  static constexpr int64_t kFirstBucketBytes = 1 << 20;  // the first bucket's cap (when bucket_bytes is more)
+  // params: the model's, each with requires_grad; their .grad become views.
+  GradReducer(const std::vector<at::Tensor>& params, int64_t bucket_bytes, Comm* comm, ReduceMode mode);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
   size_t buckets() const { return buckets_.size(); }
-  // A parameter without a gradient gets zeros (so every rank sends the same sizes).
-  void Reduce(Comm& comm, const std::string& what);
+  // Before forward: zeroes the gradients (one fill per bucket; an
+  // optimizer's zero_grad would detach_ the views, which LibTorch refuses)
+  // and every bucket waits for its gradients again.
+  void Begin();
+  // After backward (what names the collectives in an error). A parameter
+  // that got no gradient holds its bucket, and every later one, until here.
+  ReduceTimes Finish(const std::string& what);
+  // Whether parameter i's .grad is still a view of its bucket (tests).
+  bool IsView(size_t i) const;
+  // Buckets launched so far this step (tests: how many started in backward).
+  size_t launched();
 
  private:
-  std::vector<std::vector<at::Tensor>> buckets_;
+  using Clock = std::chrono::steady_clock;
+  struct Bucket {
+    at::Tensor buffer;
+    std::vector<size_t> params;
+    size_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+    Clock::time_point launched{};
+  };
+  void Ready(size_t param);
+  void Launch(size_t bucket);  // under mu_
+  at::Tensor ViewOf(size_t param) const;
+  void Repoint(size_t param);
+
+  std::vector<at::Tensor> params_;
+  std::vector<size_t> bucket_of_, offset_of_;
+  std::vector<Bucket> buckets_;
+  Comm* comm_;
+  ReduceMode mode_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  std::mutex mu_;
+  size_t next_ = 0;  // the first bucket not launched
+  std::shared_ptr<Arrivals> arrivals_;
 };
 
 }  // namespace nl::trainer

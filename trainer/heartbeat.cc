@@ -164,8 +164,21 @@ void Heartbeat::Loop() {
       st.reset();  // the store is gone or slow: try again next time
     }
     l.lock();
-    cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_; });
+    const auto before = std::chrono::steady_clock::now();
+    if (cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_; })) break;
+    const int64_t late = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now() - before - std::chrono::seconds(1))
+                             .count();
+    if (late >= kFrozenMs && late > frozen_ms_.load()) {
+      frozen_step_.store(step_.load());
+      frozen_ms_.store(late);
+    }
   }
+}
+
+std::pair<int64_t, int64_t> Heartbeat::TakeFrozen() {
+  const int64_t step = frozen_step_.load();
+  return {frozen_ms_.exchange(0), step};
 }
 
 }  // namespace nl::trainer

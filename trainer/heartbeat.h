@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -48,6 +49,12 @@ class Heartbeat {
   std::string Peers(bool* behind = nullptr) const;
   int rank() const { return rank_; }
 
+  // The longest time this process did not run (its heartbeat thread woke
+  // more than kFrozenMs late: SIGSTOP, a debugger, swapping) since the last
+  // call, and the step it was at; {0, 0} when none.
+  static constexpr int64_t kFrozenMs = 1000;
+  std::pair<int64_t, int64_t> TakeFrozen();
+
  private:
   static std::string PeersNow(const StoreAddress& a, int self, int world, bool* behind);
   void Loop();
@@ -56,6 +63,7 @@ class Heartbeat {
   int rank_, world_;
   std::atomic<int64_t> step_{0}, since_;
   std::atomic<int> phase_{0};
+  std::atomic<int64_t> frozen_ms_{0}, frozen_step_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -130,6 +130,11 @@ void AddTrainingOptions(CLI::App& app, Options& o) {
                "changed)");
   app.add_option("--threads", o.threads, "LibTorch threads per rank (default: the rank's trainer cores)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--reduce", o.reduce,
+                 "When the gradients' all-reduce runs: overlap (each bucket as soon as backward has filled "
+                 "it, as PyTorch's DDP) or after-backward (all buckets once backward is done; for comparison)")
+      ->check(CLI::IsMember({"overlap", "after-backward"}))
+      ->capture_default_str();
 }
 
 void AddDiagnosticOptions(CLI::App& app, Options& o) {

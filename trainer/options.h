@@ -69,6 +69,7 @@ struct Options {
   std::string metrics_out;
   int simulate_slow_rank = -1;
   double delay_ms = 0;
+  std::string reduce = "overlap";    // overlap (during backward) or after-backward
   std::string slow_phase = "data";  // where --delay-ms is spent: data (the loader) or compute
   int misbind_rank = -1;
   bool check_sync = false;  // compare parameters across ranks after every step

@@ -13,6 +13,10 @@
 #include <memory>
 #include <thread>
 
+#if NL_TRAINER_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "base/child_process.h"
 #include "base/fd.h"
 #include "base/file_util.h"
@@ -63,7 +67,7 @@ struct EpochState {
 
 // One step's timings, ms.
 struct StepTimes {
-  double data = 0, compute = 0, comm = 0, step = 0;
+  double data = 0, compute = 0, comm = 0, step = 0, allreduce = 0;
 };
 
 // One rank, in named steps: Setup, then TrainEpoch per epoch (TrainStep per
@@ -94,6 +98,7 @@ class Rank {
   bool TrainStep(EpochState& ep, int64_t b);
   StepTimes ForwardBackwardStep(const Batch& batch, Clock::time_point t0, double data_ms, double* loss);
   void CheckSync();
+  void SyncComputeStream() const;
   void EndEpoch(EpochState& ep);
   void SayEpoch(const EpochRecord& e, double top1, double top5);
   void Finish();
@@ -384,7 +389,9 @@ void Rank::BroadcastInitialState() {
   for (auto& b : model_->buffers()) state.push_back(b);
   comm_->BroadcastCoalesced(state, "the broadcast of rank 0's initial parameters");
   buffers_ = model_->buffers();
-  reducer_ = std::make_unique<GradReducer>(model_->parameters(), 25 * 1024 * 1024);
+  reducer_ = std::make_unique<GradReducer>(model_->parameters(), 25 * 1024 * 1024, comm_.get(),
+                                           o_.reduce == "after-backward" ? ReduceMode::kAfterBackward
+                                                                         : ReduceMode::kOverlap);
 }
 
 // Bindings, exchanged once through the store; rank 0 keeps them for its table.
@@ -419,7 +426,8 @@ void Rank::SayPlan() const {
       std::to_string(schedule_.total_steps) + " steps in all, image " + std::to_string(g_.model_size) +
       (g_.ring_size != g_.model_size ? " (resized on the device from " + std::to_string(g_.ring_size) + ")" : "") +
       ", device " + g_.device.str() + ", loader " + o_.loader + ", " + std::to_string(reducer_->buckets()) +
-      " gradient bucket(s), backend " + comm_->backend_name());
+      " gradient bucket(s) reduced " + (o_.reduce == "overlap" ? "during" : "after") + " backward, backend " +
+      comm_->backend_name());
   Say("trainer: ring bytes per image " + std::to_string(3 * g_.ring_size * g_.ring_size));
   Say("trainer: train transform " + DescribeTransform(o_.transform) + "; eval transform " +
       (o_.eval_transform == "center-crop"
@@ -464,8 +472,15 @@ bool Rank::TrainStep(EpochState& ep, int64_t b) {
   ++step_;
   if (!std::isfinite(l)) throw RankError("the loss is " + std::to_string(l) + " at step " + std::to_string(step_));
   if (o_.check_sync && p_.world > 1) CheckSync();
-  ep.report.Add(t.data, t.compute, t.comm, t.step, l, batch.size);
-  ep.whole.Add(t.data, t.compute, t.comm, t.step, l, batch.size);
+  ep.report.Add(t.data, t.compute, t.comm, t.allreduce, t.step, l, batch.size, step_);
+  ep.whole.Add(t.data, t.compute, t.comm, t.allreduce, t.step, l, batch.size, step_);
+  if (hb_) {
+    const auto [frozen_ms, at] = hb_->TakeFrozen();
+    if (frozen_ms > 0) {
+      ep.report.NoteFrozen(static_cast<double>(frozen_ms), at);
+      ep.whole.NoteFrozen(static_cast<double>(frozen_ms), at);
+    }
+  }
   ep.loss_sum += l;
   ++ep.loss_n;
   ep.images += batch.size;
@@ -490,31 +505,36 @@ StepTimes Rank::ForwardBackwardStep(const Batch& batch, Clock::time_point t0, do
     static_cast<torch::optim::SGDOptions&>(g.options())
         .lr(LearningRate(o_, step_, schedule_.schedule_steps, schedule_.warmup));
   }
-  opt_->zero_grad();
+  reducer_->Begin();  // (zeroes the gradients: they are views of its buckets)
   torch::Tensor logits = model_->forward(batch.x);
   torch::Tensor loss =
       F::cross_entropy(logits, batch.y, F::CrossEntropyFuncOptions().label_smoothing(o_.label_smoothing));
-  loss.backward();
-#if NL_TRAINER_CUDA
-  if (cuda_) torch::cuda::synchronize();
-#endif
+  loss.backward();  // (overlapped: buckets' all-reduces start from here)
+  SyncComputeStream();
   if (o_.simulate_slow_rank == p_.rank && o_.slow_phase == "compute") {  // a slow device, on purpose
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.delay_ms));
   }
   const auto t2 = Clock::now();
   const std::string n = std::to_string(step_ + 1);
   SetPhase(Phase::kComm, step_ + 1);
-  reducer_->Reduce(*comm_, "the gradient all-reduce of step " + n);
+  const ReduceTimes rt = reducer_->Finish("the gradient all-reduce of step " + n);
   if (!buffers_.empty() && p_.world > 1) comm_->BroadcastCoalesced(buffers_, "the buffer broadcast of step " + n);
   SetPhase(Phase::kCompute, step_ + 1);
-#if NL_TRAINER_CUDA
-  if (cuda_) torch::cuda::synchronize();
-#endif
+  SyncComputeStream();
   const auto t3 = Clock::now();
   opt_->step();
   *loss_out = loss.item<double>();
   const auto t4 = Clock::now();
-  return {data_ms, Ms(data_end, t2), Ms(t2, t3), Ms(t0, t4)};
+  return {data_ms, Ms(data_end, t2), Ms(t2, t3), Ms(t0, t4), rt.allreduce_ms};
+}
+
+// Waits for the work queued on the rank's compute stream, for the step's
+// timings: not the whole device, so all-reduces in flight on NCCL's own
+// stream go on.
+void Rank::SyncComputeStream() const {
+#if NL_TRAINER_CUDA
+  if (cuda_) c10::cuda::getCurrentCUDAStream(g_.device.index()).synchronize();
+#endif
 }
 
 // --check-sync: every rank's parameters equal rank 0's after the step.
@@ -635,6 +655,7 @@ void Rank::Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, 
     Say("straggler: none (no rank's data wait or compute stands out: the rules are a data wait over 2x the "
         "others' median, a compute over 1.5x, each over 10% of its step)");
   }
+  for (const std::string& s : DescribeStalls(t)) Say("stall: " + s);
   WriteMetrics(ReportJsonLines(epoch, step, t));
   if (epoch_end) WriteChart(epoch, t, v.straggler);
 }

@@ -69,6 +69,7 @@ Settings SharedSettings(const Options& o, const Manifest& m, const std::string& 
       {"--label-smoothing", Number(o.label_smoothing)},
       {"--warmup-steps", std::to_string(o.warmup_steps)},
       {"--resize-on", o.resize_on},
+      {"--reduce", o.reduce},
       {"--eval-split", o.eval_split},
       {"--resume (where it starts)", resume_at},
   };

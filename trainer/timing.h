@@ -12,19 +12,29 @@
 namespace nl::trainer {
 
 struct Window {
-  std::vector<double> data, compute, comm, step;  // ms, one per step
+  std::vector<double> data, compute, comm, allreduce, step;  // ms, one per step
   double loss_sum = 0;
   int64_t images = 0;
-  void Add(double d, double c, double m, double s, double loss, int64_t n);
+  // The step whose own work (data wait + compute) took longest, and where;
+  // the longest time the process did not run (Heartbeat::TakeFrozen).
+  double own_max_ms = 0;
+  int64_t own_max_step = 0;
+  bool own_max_in_data = false;
+  double frozen_ms = 0;
+  int64_t frozen_step = 0;
+  // index: the step's number (for the longest one).
+  void Add(double d, double c, double m, double a, double s, double loss, int64_t n, int64_t index = 0);
+  void NoteFrozen(double ms, int64_t at);
   void Clear() { *this = Window(); }
   int64_t steps() const { return static_cast<int64_t>(step.size()); }
 };
 
-inline constexpr int kTimingFields = 12;
+inline constexpr int kTimingFields = 19;
 using TimingRow = std::array<double, kTimingFields>;
 
-// A rank's window as its row: means and p95s, images/s, mean loss, steps and
-// the nodes its loader ran on (bits).
+// A rank's window as its row: means and p95s, images/s, mean loss, steps,
+// the nodes its loader ran on (bits), all-reduce, the longest step's own
+// work and the longest freeze.
 TimingRow RowOf(const Window& w, uint64_t ran_on);
 // The row back as the rank's RankTiming.
 RankTiming TimingOf(int rank, const TimingRow& row);

@@ -526,8 +526,8 @@ TEST(TrainerSchedule, StepsWarmupAndLearningRate) {
 
 TEST(TrainerTiming, AWindowBecomesItsRow) {
   Window w;
-  w.Add(1, 10, 2, 20, 0.5, 8);
-  w.Add(3, 10, 4, 20, 1.5, 8);
+  w.Add(1, 10, 2, 6, 20, 0.5, 8);
+  w.Add(3, 10, 4, 8, 20, 1.5, 8);
   EXPECT_EQ(w.steps(), 2);
   const TimingRow row = RowOf(w, 0b10);
   const RankTiming t = TimingOf(3, row);
@@ -536,6 +536,8 @@ TEST(TrainerTiming, AWindowBecomesItsRow) {
   EXPECT_DOUBLE_EQ(t.data_ms.p95, Summarize({1, 3}).p95);
   EXPECT_DOUBLE_EQ(t.compute_ms.mean, 10);
   EXPECT_DOUBLE_EQ(t.comm_ms.mean, 3);
+  EXPECT_DOUBLE_EQ(t.allreduce_ms.mean, 7);
+  EXPECT_DOUBLE_EQ(t.allreduce_ms.p95, 8);
   EXPECT_DOUBLE_EQ(t.step_ms.mean, 20);
   EXPECT_DOUBLE_EQ(t.images_per_s, 400);  // 16 images in 40 ms
   EXPECT_DOUBLE_EQ(t.loss, 1);
@@ -660,6 +662,71 @@ TEST(TrainerSettings, EveryTrainingSettingIsCompared) {
   EXPECT_NE(d[0].find("--data (its manifest) (rank 0: crc32c:"), std::string::npos) << d[0];
   EXPECT_NE(d[0].find(", 2 classes"), std::string::npos) << d[0];
   EXPECT_EQ(SettingsDiffer({base, SharedSettings(o, m, "epoch 1, batch 0, step 9")}).size(), 1u);
+}
+
+}  // namespace
+}  // namespace nl::trainer
+
+namespace nl::trainer {
+namespace {
+
+TEST(Stalls, AFrozenProcessIsNamedWithItsLengthAndStep) {
+  std::vector<RankTiming> t = {T(0, 1, 5, 2), T(1, 1, 5, 2)};
+  EXPECT_TRUE(DescribeStalls(t).empty());
+  t[1].frozen_ms = 12000;
+  t[1].frozen_step = 37;
+  const std::vector<std::string> s = DescribeStalls(t);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_NE(s[0].find("rank 1 stalled"), std::string::npos) << s[0];
+  EXPECT_NE(s[0].find("at least 12.0 s at step 37"), std::string::npos) << s[0];
+  EXPECT_NE(s[0].find("waited for it"), std::string::npos) << s[0];
+}
+
+TEST(Stalls, OneLongStepOfARanksOwnWorkIsNamedWithWhereItWent) {
+  std::vector<RankTiming> t = {T(0, 1, 5, 2), T(1, 1, 5, 2), T(2, 1, 5, 2)};
+  t[2].own_max_ms = 3500;
+  t[2].own_max_step = 9;
+  t[2].own_max_in_data = true;
+  std::vector<std::string> s = DescribeStalls(t);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_NE(s[0].find("rank 2 stalled: step 9 took it 3.5 s in its data wait"), std::string::npos) << s[0];
+  // A second-long step is no stall where every step takes about that long.
+  t = {T(0, 1, 400, 2), T(1, 1, 400, 2)};
+  t[0].own_max_ms = 1200;
+  EXPECT_TRUE(DescribeStalls(t).empty());
+  // ... nor a short spike.
+  t = {T(0, 1, 5, 2), T(1, 1, 5, 2)};
+  t[0].own_max_ms = 900;
+  t[0].frozen_ms = 0;
+  EXPECT_TRUE(DescribeStalls(t).empty());
+}
+
+TEST(Table, TheNodeColumnSaysWhereTheLoaderRanOnlyWhenItDiffers) {
+  EXPECT_EQ(NodeText(0, 0b1), "0");
+  EXPECT_EQ(NodeText(0, 0), "0");
+  EXPECT_EQ(NodeText(0, 0b10), "0, ran 1");
+  EXPECT_EQ(NodeText(1, 0b11), "1, ran 0,1");
+  EXPECT_EQ(NodeText(-1, 0b1), "ran 0");
+  EXPECT_EQ(NodeText(-1, 0), "-");
+  std::vector<RankTiming> t = {T(0, 1, 2, 3)};
+  t[0].ran_on_nodes = 0b1;
+  const std::string s = FormatTable(t, {B(0, 0, 0)});
+  EXPECT_EQ(s.find("(ran"), std::string::npos) << s;
+}
+
+TEST(TrainerTiming, AWindowKeepsItsLongestStepAndFreeze) {
+  Window w;
+  w.Add(1, 10, 2, 6, 20, 0.5, 8, 4);
+  w.Add(300, 10, 2, 6, 20, 0.5, 8, 5);
+  w.Add(1, 20, 2, 6, 20, 0.5, 8, 6);
+  w.NoteFrozen(1500, 5);
+  w.NoteFrozen(1200, 6);
+  const RankTiming t = TimingOf(0, RowOf(w, 0));
+  EXPECT_DOUBLE_EQ(t.own_max_ms, 310);
+  EXPECT_EQ(t.own_max_step, 5);
+  EXPECT_TRUE(t.own_max_in_data);
+  EXPECT_DOUBLE_EQ(t.frozen_ms, 1500);
+  EXPECT_EQ(t.frozen_step, 5);
 }
 
 }  // namespace
