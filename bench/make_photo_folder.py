@@ -6,7 +6,10 @@ random window of one of them, scaled to a size like ImageNet's (sides
 250..640, aspect 3:5..5:3), saved at quality 85..95, 4:2:0 (one in ten
 4:4:4, as some cameras write). Deterministic from --seed.
 
-Usage: make_photo_folder.py OUT --images N [--classes 10] [--seed 1]
+With --by-photo, the class is the photograph a window was cut from (one
+class per photograph, --classes ignored), so that a model can learn them.
+
+Usage: make_photo_folder.py OUT --images N [--classes 10 | --by-photo] [--seed 1]
 """
 import argparse, io, os, warnings
 import numpy as np
@@ -17,6 +20,7 @@ p.add_argument("out")
 p.add_argument("--images", type=int, required=True)
 p.add_argument("--classes", type=int, default=10)
 p.add_argument("--seed", type=int, default=1)
+p.add_argument("--by-photo", action="store_true", help="one class per photograph")
 a = p.parse_args()
 if a.images < 1 or a.classes < 1:
     p.error("--images and --classes must be at least 1")
@@ -49,6 +53,8 @@ def photographs():
 
 photos = photographs()
 rng = np.random.default_rng(a.seed)
+if a.by_photo:
+    a.classes = len(photos)
 for c in range(a.classes):
     os.makedirs(os.path.join(a.out, "class_%03d" % c), exist_ok=True)
 for i in range(a.images):
@@ -68,5 +74,6 @@ for i in range(a.images):
     subsampling = 0 if rng.random() < 0.1 else 2  # 4:4:4 or 4:2:0
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=quality, subsampling=subsampling)
-    with open(os.path.join(a.out, "class_%03d" % (i % a.classes), "img_%07d.jpg" % i), "wb") as fh:
+    c = i % len(photos) if a.by_photo else i % a.classes
+    with open(os.path.join(a.out, "class_%03d" % c, "img_%07d.jpg" % i), "wb") as fh:
         fh.write(buf.getvalue())

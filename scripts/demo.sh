@@ -5,13 +5,15 @@
 # training batch, measure the loader on 2 ranks, run the loader service with a
 # C++ and a Python consumer, then train ResNet-18 with DDP on 4 ranks (CPU,
 # Gloo) fed by the loader service: the per-rank table, the straggler verdict,
-# test accuracy and a chart; and once more with a slowed rank, to see it named.
+# test accuracy and a chart; once more with a slowed rank, to see it named;
+# and ImageNet-style, briefly: ResNet-50 at 224x224 with RandomResizedCrop on
+# JPEG photographs cut from those Debian ships (python3-skimage, -sklearn).
 #   scripts/demo.sh [WORKDIR]     (default: demo-data/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-demo-data}
 
-scripts/install-deps.sh
+scripts/install-deps.sh python3-skimage python3-sklearn
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" --target pack_tool loader loader_bench numa_loader_py trainer
 PT=build/bin/pack_tool
@@ -57,5 +59,15 @@ echo "== 11. the same with rank 3's loader slowed on purpose (40 ms a batch): th
 build/bin/trainer --data "$work/cifar100-packed" --nproc-per-node 4 --allow-shared-cores --model smallcnn \
   --image-size 32 --batch-size 16 --epochs 1 --max-steps 60 --report-every 0 --simulate-slow-rank 3 \
   --delay-ms 40 --eval-split none --out "$work/slow" --metrics-out "$work/slow/metrics.jsonl"
+echo "== 12. ImageNet-style, briefly: ResNet-50 at 224x224 on JPEG photographs (RandomResizedCrop and flip;"
+echo "   eval: shorter side 256, centre 224), 2 ranks, 6 steps"
+/usr/bin/python3 bench/make_photo_folder.py "$work/photos/train" --images 240 --by-photo --seed 1
+/usr/bin/python3 bench/make_photo_folder.py "$work/photos/val" --images 48 --by-photo --seed 2
+"$PT" imagefolder "$work/photos/train" "$work/photos-packed" --force
+"$PT" imagefolder "$work/photos/val" "$work/photos-packed" --split val --force
+build/bin/trainer --data "$work/photos-packed" --nproc-per-node 2 --allow-shared-cores --model resnet50 \
+  --image-size 224 --random-resized-crop --eval-transform center-crop --eval-split val --batch-size 8 \
+  --epochs 1 --max-steps 6 --warmup-steps 2 --report-every 3 --out "$work/imagenet-run"
 echo "demo done: shard set in $work/cifar100-packed, a batch in $work/batch-0.png,"
-echo "  training metrics in $work/run/metrics.jsonl, charts $work/run/timing-epoch-0.svg and $work/slow/timing-epoch-0.svg"
+echo "  training metrics in $work/run/metrics.jsonl, charts $work/run/timing-epoch-0.svg and $work/slow/timing-epoch-0.svg,"
+echo "  the photographs' run in $work/imagenet-run"

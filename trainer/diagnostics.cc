@@ -341,16 +341,18 @@ std::string EpochJsonLine(const EpochRecord& e) {
                       {"test_top5", e.evaluated ? nlohmann::json(e.test_top5) : nlohmann::json()},
                       {"images_per_s", e.images_per_s},
                       {"straggler", e.straggler >= 0 ? nlohmann::json(e.straggler) : nlohmann::json()},
-                      {"steps", e.steps}};
+                      {"step", e.steps}};
   return j.dump() + "\n";
 }
 
 std::string ChartSvg(const std::string& title, const std::vector<RankTiming>& t, int straggler) {
-  const int bar_h = 28, gap = 12, left = 90, width = 560, top = 50;
+  // The right margin holds the longest label ("12345.6 ms  straggler" at
+  // 13 px, about 7.5 px a character) inside the canvas.
+  const int bar_h = 28, gap = 12, left = 90, width = 560, right = 200, top = 50;
   const int height = top + static_cast<int>(t.size()) * (bar_h + gap) + 60;
   double max_ms = 0;
   for (const RankTiming& x : t) {
-    max_ms = std::max(max_ms, x.data_ms.mean + x.compute_ms.mean + x.comm_ms.mean);
+    max_ms = std::max({max_ms, x.step_ms.mean, x.data_ms.mean + x.compute_ms.mean + x.comm_ms.mean});
   }
   if (max_ms <= 0) max_ms = 1;
   const double scale = width / max_ms;
@@ -365,37 +367,46 @@ std::string ChartSvg(const std::string& title, const std::vector<RankTiming>& t,
     return r;
   };
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 120 << "\" height=\""
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + right << "\" height=\""
     << height << "\" font-family=\"sans-serif\" font-size=\"13\">\n";
   o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   o << "<text x=\"10\" y=\"24\" font-size=\"15\">" << esc(title) << "</text>\n";
-  const char* colors[3] = {"#e8702a", "#3b75af", "#9e9e9e"};
-  const char* names[3] = {"data", "compute", "comm"};
+  constexpr int kParts = 4;
+  const char* colors[kParts] = {"#e8702a", "#3b75af", "#9e9e9e", "#cfcfcf"};
+  const char* names[kParts] = {"data", "compute", "comm wait", "other (optimiser step)"};
   for (size_t i = 0; i < t.size(); ++i) {
     const RankTiming& x = t[i];
     const int y = top + static_cast<int>(i) * (bar_h + gap);
     o << "<text x=\"10\" y=\"" << y + bar_h / 2 + 5 << "\"" << (x.rank == straggler ? " font-weight=\"bold\"" : "")
       << ">rank " << x.rank << "</text>\n";
-    const double parts[3] = {x.data_ms.mean, x.compute_ms.mean, x.comm_ms.mean};
+    // The parts add up to the table's step time: what the three phases leave is "other".
+    const double named = x.data_ms.mean + x.compute_ms.mean + x.comm_ms.mean;
+    const double parts[kParts] = {x.data_ms.mean, x.compute_ms.mean, x.comm_ms.mean,
+                                  std::max(0.0, x.step_ms.mean - named)};
     double at = left;
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kParts; ++k) {
       const double w = parts[k] * scale;
       o << "<rect x=\"" << at << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar_h
         << "\" fill=\"" << colors[k] << "\"><title>rank " << x.rank << " " << names[k] << " "
         << Ms(parts[k]) << " ms</title></rect>\n";
+      const std::string label = Ms(parts[k]);
+      if (w >= 8.0 * static_cast<double>(label.size()) + 6) {  // the number on the part, where it fits
+        o << "<text x=\"" << at + w / 2 << "\" y=\"" << y + bar_h / 2 + 5 << "\" text-anchor=\"middle\" fill=\""
+          << (k == 3 ? "black" : "white") << "\">" << label << "</text>\n";
+      }
       at += w;
     }
     o << "<text x=\"" << at + 6 << "\" y=\"" << y + bar_h / 2 + 5 << "\">"
-      << Ms(parts[0] + parts[1] + parts[2]) << " ms" << (x.rank == straggler ? "  straggler" : "")
-      << "</text>\n";
+      << Ms(std::max(x.step_ms.mean, named)) << " ms" << (x.rank == straggler ? "  straggler" : "") << "</text>\n";
   }
   const int ly = height - 30;
-  for (int k = 0; k < 3; ++k) {
-    o << "<rect x=\"" << left + k * 110 << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
-      << colors[k] << "\"/><text x=\"" << left + k * 110 + 20 << "\" y=\"" << ly + 12 << "\">"
+  const int key_x[kParts] = {0, 70, 160, 265};
+  for (int k = 0; k < kParts; ++k) {
+    o << "<rect x=\"" << left + key_x[k] << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
+      << colors[k] << "\"/><text x=\"" << left + key_x[k] + 20 << "\" y=\"" << ly + 12 << "\">"
       << names[k] << "</text>\n";
   }
-  o << "<text x=\"" << left + 340 << "\" y=\"" << ly + 12 << "\">mean ms per step</text>\n";
+  o << "<text x=\"" << left + 450 << "\" y=\"" << ly + 12 << "\">mean ms per step</text>\n";
   o << "</svg>\n";
   return o.str();
 }

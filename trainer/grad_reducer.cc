@@ -25,8 +25,25 @@ int64_t NowNs() {
 
 }  // namespace
 
+namespace {
+
+// The parameters that train (a frozen one gets no gradient, nor a bucket).
+std::vector<at::Tensor> Trained(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : params) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
 GradReducer::GradReducer(const std::vector<at::Tensor>& params, int64_t bucket_bytes, Comm* comm, ReduceMode mode)
-    : params_(params), bucket_of_(params.size()), offset_of_(params.size()), comm_(comm), mode_(mode) {
+    : params_(Trained(params)),
+      bucket_of_(params_.size()),
+      offset_of_(params_.size()),
+      comm_(comm),
+      mode_(mode) {
   // Reverse order; a bucket also ends where the dtype or device changes (one flat buffer each).
   std::vector<std::vector<size_t>> groups;
   int64_t bytes = 0;

@@ -43,7 +43,8 @@ struct Arrivals;
 class GradReducer {
  public:
   static constexpr int64_t kFirstBucketBytes = 1 << 20;  // the first bucket's cap (when bucket_bytes is more)
-  // params: the model's, each with requires_grad; their .grad become views.
+  // params: the model's; those with requires_grad are reduced, and their
+  // .grad become views (IsView's index counts only those).
   GradReducer(const std::vector<at::Tensor>& params, int64_t bucket_bytes, Comm* comm, ReduceMode mode);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;

@@ -169,5 +169,19 @@ TEST(GradReducer, GradientsSetToNoneAreViewsAgainAtTheNextStep) {
   EXPECT_TRUE(o.views);
 }
 
+TEST(GradReducer, AFrozenParameterIsLeftOut) {
+  OnRanks([&](int r, Comm& comm) {
+    Net n(7);
+    std::vector<at::Tensor> with_frozen = n.params;
+    with_frozen.push_back(at::ones({3}));  // requires no gradient: no bucket, no hook
+    GradReducer red(with_frozen, 1, &comm, ReduceMode::kOverlap);
+    EXPECT_EQ(red.buckets(), n.params.size());
+    red.Begin();
+    n.Loss(Inputs(r), Labels(r)).backward();
+    red.Finish("the test's all-reduce");
+    EXPECT_FALSE(with_frozen.back().grad().defined());
+  });
+}
+
 }  // namespace
 }  // namespace nl::trainer

@@ -1,6 +1,7 @@
 #include "trainer/rank.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -371,7 +372,7 @@ void Rank::Rendezvous() {
   ResolveMasterAddr(p_.master_addr);
   store_ = ConnectRendezvousStore(p_, timeout_, &store_address_);
   // Everyone joins: one process per rank, all of one WORLD_SIZE, all there.
-  Join(*store_, p_.rank, p_.world, StoreWhere(p_), timeout_);
+  Join(*store_, p_.rank, p_.world, p_.launched_by_us, StoreWhere(p_), timeout_);
   // ... and with the same settings, before any collective could mismatch.
   const std::string resume_at = o_.resume.empty() ? "none" : "epoch " + std::to_string(at_.epoch) + ", batch " +
                                                                   std::to_string(at_.batch) + ", step " +
@@ -624,11 +625,31 @@ void Rank::Finish() {
   if (p_.rank == 0) Say("trainer: done, " + std::to_string(step_) + " steps");
 }
 
+// A line is written whole or not at all: a failed write (a full disk) is cut
+// back to the last whole line, said once, and the run goes on without
+// metrics (they are not worth the training).
 void Rank::WriteMetrics(const std::string& lines) {
   if (!metrics_) return;
-  if (std::fputs(lines.c_str(), metrics_.get()) < 0 || std::fflush(metrics_.get()) != 0) {
-    throw RankError("cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(errno));
+  const int fd = fileno(metrics_.get());
+  struct stat st {};
+  const bool sized = fstat(fd, &st) == 0;
+  size_t done = 0;
+  int err = 0;
+  while (done < lines.size()) {
+    const ssize_t n = ::write(fd, lines.data() + done, lines.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<size_t>(n);
   }
+  if (err == 0) return;
+  const bool cut = sized && ftruncate(fd, st.st_size) == 0;
+  metrics_.reset();
+  Say("trainer: cannot write --metrics-out " + o_.metrics_out + ": " + std::strerror(err) + "; " +
+      (cut ? "it ends at its last whole line" : "its last line may be cut") +
+      ", and the run goes on without metrics");
 }
 
 void Rank::Report(int64_t epoch, int64_t step, const Window& w, bool epoch_end, int* straggler) {
@@ -664,7 +685,13 @@ void Rank::WriteChart(int64_t epoch, const std::vector<RankTiming>& t, int strag
   const std::string dir = !o_.metrics_out.empty() ? DirOf(o_.metrics_out) : o_.out;
   if (dir.empty()) return;
   const std::string path = dir + "/timing-epoch-" + std::to_string(epoch) + ".svg";
-  WriteAtomically(path, ChartSvg("Epoch " + std::to_string(epoch) + ": where each rank's step time went", t, straggler));
+  try {
+    WriteAtomically(path, ChartSvg("Epoch " + std::to_string(epoch) + ": where each rank's step time went", t,
+                                   straggler));
+  } catch (const RankError& e) {  // a chart is not worth the training either
+    Say(std::string("trainer: ") + e.what() + "; the run goes on without this chart");
+    return;
+  }
   Say("chart: " + path);
 }
 

@@ -45,10 +45,18 @@ void WaitFor(c10d::Store& store, const std::vector<int>& ranks, int world, const
   }
 }
 
-void JoinSteps(c10d::Store& store, int rank, int world, const std::string& where, std::chrono::milliseconds timeout) {
+void JoinSteps(c10d::Store& store, int rank, int world, bool launched_by_us, const std::string& where,
+               std::chrono::milliseconds timeout) {
   const std::string me = std::to_string(rank);
   const std::string w = std::to_string(world);
   if (store.add("join/" + me, 1) > 1) {
+    // Our launcher starts each rank once: the store is another job's (this
+    // job's rank 0 found the port taken, and says so itself).
+    if (launched_by_us) {
+      throw RankError::Echo("rank " + me + " joined the rendezvous at " + where + " twice, and this launcher "
+                            "started it once: that store is another job's (the port was taken, so this job's rank 0 "
+                            "could not host its store there; it says so)");
+    }
     throw RankError("rank " + me + " joined the rendezvous at " + where + " twice: two processes were started with RANK=" +
                     me + " (each needs its own), or that address is not this job's store");
   }
@@ -181,9 +189,10 @@ c10::intrusive_ptr<c10d::Store> ConnectRendezvousStore(const Placement& p, std::
   return c10::make_intrusive<c10d::PrefixStore>(address->prefix, tcp);
 }
 
-void Join(c10d::Store& store, int rank, int world, const std::string& where, std::chrono::milliseconds timeout) {
+void Join(c10d::Store& store, int rank, int world, bool launched_by_us, const std::string& where,
+          std::chrono::milliseconds timeout) {
   try {
-    JoinSteps(store, rank, world, where, timeout);
+    JoinSteps(store, rank, world, launched_by_us, where, timeout);
   } catch (const RankError&) {
     throw;
   } catch (const std::exception& e) {

@@ -34,8 +34,13 @@ c10::intrusive_ptr<c10d::Store> ConnectRendezvousStore(const Placement& p, std::
 // Each rank publishes its WORLD_SIZE under world/RANK; a rank is there once
 // that key is. A rank other than 0 compares rank 0's WORLD_SIZE with its own
 // before it publishes: rank 0 can only find a mismatch, and end the store with
-// its exit, once the other rank has found it too, so both name it.
-void Join(c10d::Store& store, int rank, int world, const std::string& where, std::chrono::milliseconds timeout);
+// its exit, once the other rank has found it too, so both name it. A rank
+// that joins twice is an error of its own, except under our launcher (which
+// starts each rank once): there the store is another job's, reached because
+// this job's rank 0 found the port taken, and the error is an echo, so the
+// launcher names rank 0's failure.
+void Join(c10d::Store& store, int rank, int world, bool launched_by_us, const std::string& where,
+          std::chrono::milliseconds timeout);
 
 // Each rank publishes its settings under settings/RANK and compares every
 // rank's with its own; a difference throws RankError on every rank, naming

@@ -155,6 +155,11 @@ TEST(Metrics, ReportAndEpochLinesCarryTheDocumentedFields) {
   EXPECT_DOUBLE_EQ(j["test_top5"].get<double>(), 0.5);
   e.straggler = 3;
   EXPECT_EQ(nlohmann::json::parse(EpochJsonLine(e))["straggler"], 3);
+  // "step" means one thing in both kinds of line: the global step when it was written.
+  e.steps = 30;
+  j = nlohmann::json::parse(EpochJsonLine(e));
+  EXPECT_EQ(j["step"], 30);
+  EXPECT_FALSE(j.contains("steps"));
 }
 
 TEST(Chart, AStackedBarPerRankWithTheStragglerMarked) {
@@ -164,6 +169,27 @@ TEST(Chart, AStackedBarPerRankWithTheStragglerMarked) {
   EXPECT_NE(svg.find("rank 1 data 40.0 ms"), std::string::npos);
   EXPECT_NE(svg.find("straggler"), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+// Each part carries its number where it fits, the total is the table's step
+// time (the optimiser's step and the rest are "other"), and the straggler's
+// tag ends inside the canvas.
+TEST(Chart, NumbersOnThePartsTheTablesTotalAndNothingClipped) {
+  RankTiming a = T(0, 20, 200, 30), b = T(1, 1, 200, 80);
+  a.step_ms.mean = 290;  // 40 ms beyond the three phases
+  b.step_ms.mean = 290;
+  const std::string svg = ChartSvg("Epoch 0", {a, b}, 1);
+  EXPECT_NE(svg.find(">200</text>"), std::string::npos) << svg;  // compute, on its part
+  EXPECT_NE(svg.find(">40.0</text>"), std::string::npos) << svg;  // rank 0's other
+  EXPECT_NE(svg.find(">290 ms</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("other (optimiser step)"), std::string::npos);
+  const double width = std::stod(svg.substr(svg.find("width=\"") + 7));
+  const size_t tag = svg.find("ms  straggler</text>");
+  ASSERT_NE(tag, std::string::npos);
+  const size_t open = svg.rfind("<text x=\"", tag);
+  const double x = std::stod(svg.substr(open + 9));
+  const double chars = static_cast<double>(std::string("290 ms  straggler").size());
+  EXPECT_LE(x + 7.5 * chars, width) << "the tag ends at " << x + 7.5 * chars << " of " << width;
 }
 
 // Off a terminal: a line every plain_every steps but the last, then Finish's

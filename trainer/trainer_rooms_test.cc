@@ -330,14 +330,14 @@ std::chrono::milliseconds Ms(int n) { return std::chrono::milliseconds(n); }
 
 TEST(TrainerRendezvous, OneRankJoinsAlone) {
   c10d::HashStore store;
-  Join(store, 0, 1, "h:1", Ms(1000));
+  Join(store, 0, 1, false, "h:1", Ms(1000));
   const std::vector<uint8_t> w = store.get("world/0");
   EXPECT_EQ(std::string(w.begin(), w.end()), "1");
 }
 
 TEST(TrainerRendezvous, NamesTheRanksThatNeverCameAsAnEcho) {
   c10d::HashStore store;
-  auto e = ErrorOf([&] { Join(store, 0, 3, "127.0.0.1:29500", Ms(100)); });
+  auto e = ErrorOf([&] { Join(store, 0, 3, false, "127.0.0.1:29500", Ms(100)); });
   EXPECT_EQ(e.first,
             "waited 0.1 s at the rendezvous 127.0.0.1:29500 for ranks 1 and 2 of 3: are they started, with the "
             "same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
@@ -347,18 +347,31 @@ TEST(TrainerRendezvous, NamesTheRanksThatNeverCameAsAnEcho) {
 TEST(TrainerRendezvous, RefusesASecondRankOfTheSameNumber) {
   c10d::HashStore store;
   store.add("join/1", 1);
-  auto e = ErrorOf([&] { Join(store, 1, 2, "h:1", Ms(100)); });
+  auto e = ErrorOf([&] { Join(store, 1, 2, false, "h:1", Ms(100)); });
   EXPECT_EQ(e.first,
             "rank 1 joined the rendezvous at h:1 twice: two processes were started with RANK=1 (each needs its "
             "own), or that address is not this job's store");
   EXPECT_EQ(e.second, proc::FailureKind::kOwn);
 }
 
+// Two jobs on one port under our launcher: the second job's rank 0 cannot
+// host its store (and says so); its rank 1 reaches the first job's store,
+// where rank 1 has joined already: an echo, so rank 0 is named.
+TEST(TrainerRendezvous, UnderOurLauncherASecondJoinIsAnotherJobsStoreAndAnEcho) {
+  c10d::HashStore store;
+  store.add("join/1", 1);
+  auto e = ErrorOf([&] { Join(store, 1, 2, true, "h:1", Ms(100)); });
+  EXPECT_EQ(e.first,
+            "rank 1 joined the rendezvous at h:1 twice, and this launcher started it once: that store is another "
+            "job's (the port was taken, so this job's rank 0 could not host its store there; it says so)");
+  EXPECT_EQ(e.second, proc::FailureKind::kEcho);
+}
+
 TEST(TrainerRendezvous, NamesAnotherWorldSize) {
   c10d::HashStore store;
   const std::string three = "3";
   store.set("world/0", std::vector<uint8_t>(three.begin(), three.end()));
-  auto e = ErrorOf([&] { Join(store, 1, 2, "h:1", Ms(100)); });
+  auto e = ErrorOf([&] { Join(store, 1, 2, false, "h:1", Ms(100)); });
   EXPECT_EQ(e.first,
             "this rank has WORLD_SIZE=2 but rank 0 has WORLD_SIZE=3: start every rank of a job with the same "
             "WORLD_SIZE");
@@ -383,7 +396,7 @@ class LostStore : public c10d::Store {
 
 TEST(TrainerRendezvous, ALostStoreIsAnEcho) {
   LostStore store;
-  auto e = ErrorOf([&] { Join(store, 1, 2, "h:1", Ms(100)); });
+  auto e = ErrorOf([&] { Join(store, 1, 2, false, "h:1", Ms(100)); });
   EXPECT_EQ(Head(e.first, "lost the rendezvous store at h:1 during the rendezvous (rank 0 hosts it: it has "
                                   "ended or stopped; its own error says why): recv: "), "lost the rendezvous store at h:1 during the rendezvous (rank 0 hosts it: it has "
                                   "ended or stopped; its own error says why): recv: ");
