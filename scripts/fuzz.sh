@@ -50,13 +50,11 @@ if [ -f "$report" ]; then
     [[ "$t" == *_fuzz ]] && row[$t]=$line
   done <"$report"
 fi
-failed=0
-for t in "${targets[@]}"; do
-  corpus=build-fuzz/fuzz-corpus/$t
+# One target a core at a time (each libFuzzer run is one process on one
+# core): every target still gets its seconds, in a fraction of the wall time.
+fuzz_one() {
+  local t=$1 corpus=build-fuzz/fuzz-corpus/$1 log=build-fuzz/fuzz-$1.log rc=0 runs cov files found
   mkdir -p "$corpus"
-  log=build-fuzz/fuzz-$t.log
-  echo "== $t: $secs s"
-  rc=0
   "build-fuzz/bin/$t" "$corpus" "build-fuzz/fuzz-seeds/$t" -max_total_time="$secs" -timeout=20 \
     -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="build-fuzz/fuzz-findings/$t-" >"$log" 2>&1 || rc=$?
@@ -67,11 +65,31 @@ for t in "${targets[@]}"; do
     found="none"
   else
     found="exit $rc: $(grep -m1 -E 'ERROR: |runtime error|Timeout|out-of-memory' "$log" | cut -c1-120)"
-    failed=1
-    tail -40 "$log" | sed 's/^/    /'
   fi
-  row[$t]="| $t | $secs | ${runs:-?} | $files | ${cov:-?} | $found |"
+  echo "| $t | $secs | ${runs:-?} | $files | ${cov:-?} | $found |" >"build-fuzz/fuzz-$t.row"
+  [ "$rc" -eq 0 ]
+}
+failed=0
+cores=$(nproc)
+running=()
+for t in "${targets[@]}"; do
+  echo "== $t: $secs s"
+  rm -f "build-fuzz/fuzz-$t.row"
+  fuzz_one "$t" &
+  running+=("$!")
+  if [ ${#running[@]} -ge "$cores" ]; then
+    wait "${running[0]}" || true
+    running=("${running[@]:1}")
+  fi
+done
+wait || true
+for t in "${targets[@]}"; do
+  row[$t]=$(cat "build-fuzz/fuzz-$t.row" 2>/dev/null || echo "| $t | $secs | ? | ? | ? | no result |")
   echo "${row[$t]}"
+  if [[ "${row[$t]}" != *"| none |" ]]; then
+    failed=1
+    tail -40 "build-fuzz/fuzz-$t.log" | sed 's/^/    /'
+  fi
 done
 {
   echo "| target | seconds | runs | corpus files | coverage (edges) | findings |"
