@@ -262,8 +262,7 @@ Verdict Diagnose(const std::vector<RankTiming>& t, const std::vector<RankBinding
 std::vector<std::string> DescribeStalls(const std::vector<RankTiming>& t) {
   std::vector<double> own;
   for (const RankTiming& x : t) own.push_back(x.data_ms.mean + x.compute_ms.mean);
-  std::sort(own.begin(), own.end());
-  const double typical = own.empty() ? 0 : own[own.size() / 2];
+  const double typical = Median(own);
   std::vector<std::string> out;
   char line[512];
   for (const RankTiming& x : t) {

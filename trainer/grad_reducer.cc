@@ -175,7 +175,7 @@ ReduceTimes GradReducer::Finish(const std::string& what) {
   // The completion callbacks run before a wait returns (Gloo completes the
   // future first); a late one is waited for briefly, else taken as now.
   std::unique_lock<std::mutex> lock(arrivals_->mu);
-  arrivals_->cv.wait_for(lock, std::chrono::seconds(1), [&] {
+  arrivals_->cv.wait_for(lock, std::chrono::milliseconds(100), [&] {
     return std::all_of(arrivals_->ns.begin(), arrivals_->ns.end(), [](int64_t ns) { return ns != 0; });
   });
   Clock::time_point first = buckets_.front().launched;

@@ -35,7 +35,11 @@ enum class ReduceMode { kOverlap, kAfterBackward };
 
 struct ReduceTimes {
   double exposed_ms = 0;    // from backward's end until every bucket had arrived
-  double allreduce_ms = 0;  // from the first bucket's launch until the last one had arrived
+  // From the first bucket's launch until the last one had arrived, as the
+  // works' futures tell it: with Gloo, when the sum is done; with NCCL, whose
+  // futures complete once the collective is queued on its stream, a lower
+  // bound (the step's comm wait, taken after a stream sync, is exact there).
+  double allreduce_ms = 0;
 };
 
 struct Arrivals;
