@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <torch/nn/functional/upsampling.h>
+
 #if NL_TRAINER_CUDA
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>

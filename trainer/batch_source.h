@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "base/child_process.h"
 #include "base/fd.h"

@@ -7,6 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
 #include "formats/crc32c.h"
 #include "trainer/outputs.h"
 #include "trainer/rank_error.h"

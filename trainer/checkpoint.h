@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
 
 #include "trainer/models.h"
 
