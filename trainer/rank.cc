@@ -473,8 +473,11 @@ bool Rank::TrainStep(EpochState& ep, int64_t b) {
   ++step_;
   if (!std::isfinite(l)) throw RankError("the loss is " + std::to_string(l) + " at step " + std::to_string(step_));
   if (o_.check_sync && p_.world > 1) CheckSync();
-  ep.report.Add(t.data, t.compute, t.comm, t.allreduce, t.step, l, batch.size, step_);
-  ep.whole.Add(t.data, t.compute, t.comm, t.allreduce, t.step, l, batch.size, step_);
+  // (The process's first step warms up: the loader's first batch, first
+  // allocations; it is no stall.)
+  const int64_t index = step_ > at_.step + 1 ? step_ : 0;
+  ep.report.Add(t.data, t.compute, t.comm, t.allreduce, t.step, l, batch.size, index);
+  ep.whole.Add(t.data, t.compute, t.comm, t.allreduce, t.step, l, batch.size, index);
   if (hb_) {
     const auto [frozen_ms, at] = hb_->TakeFrozen();
     if (frozen_ms > 0) {

@@ -3,7 +3,7 @@
 namespace nl::trainer {
 
 void Window::Add(double d, double c, double m, double a, double s, double loss, int64_t n, int64_t index) {
-  if (d + c > own_max_ms) {
+  if (index > 0 && d + c > own_max_ms) {
     own_max_ms = d + c;
     own_max_step = index;
     own_max_in_data = d > c;

@@ -22,7 +22,8 @@ struct Window {
   bool own_max_in_data = false;
   double frozen_ms = 0;
   int64_t frozen_step = 0;
-  // index: the step's number (for the longest one).
+  // index: the step's number (for the longest one); 0 leaves the step out
+  // of that (a process's first step, which warms up).
   void Add(double d, double c, double m, double a, double s, double loss, int64_t n, int64_t index = 0);
   void NoteFrozen(double ms, int64_t at);
   void Clear() { *this = Window(); }

@@ -753,6 +753,13 @@ TEST(TrainerTiming, AWindowKeepsItsLongestStepAndFreeze) {
   EXPECT_TRUE(t.own_max_in_data);
   EXPECT_DOUBLE_EQ(t.frozen_ms, 1500);
   EXPECT_EQ(t.frozen_step, 5);
+  // A step given no number (a process's first, warming up) is never the longest.
+  Window first;
+  first.Add(2000, 10, 2, 6, 20, 0.5, 8, 0);
+  first.Add(1, 10, 2, 6, 20, 0.5, 8, 2);
+  const RankTiming f = TimingOf(0, RowOf(first, 0));
+  EXPECT_DOUBLE_EQ(f.own_max_ms, 11);
+  EXPECT_EQ(f.own_max_step, 2);
 }
 
 }  // namespace
