@@ -143,6 +143,29 @@ expect_text "--slow-phase compute sleeps that long in each step's compute" "with
 expect_out "Rank 0 waits [0-9.]+ ms a step in the all-reduce for rank 1: its comm_time is the straggler's compute" \
   "and rank 0's wait in the all-reduce"
 if grep -q '"straggler":1' "$W/slowc.jsonl"; then ok "the epoch record names rank 1"; else fail "no straggler 1 in the metrics"; fi
+# Each rank's steps add up to the wall time they cover: what rank 0 does
+# between two steps (a report's gather and table) is counted in the next
+# step. Before, with a report every 2 steps, rank 0's whole-epoch row showed
+# fewer ms a step (more images/s) than its share of the epoch's images/s.
+next_port
+expect_rc_stdout 0 "--slow-phase compute with a report every 2 steps" "$TR" --data "$W/s" "${SMALL[@]}" \
+  --nproc-per-node 2 --batch-size 16 --epochs 1 --master-port "$PORT" --simulate-slow-rank 1 \
+  --delay-ms 40 --slow-phase compute --report-every 2 --metrics-out "$W/lockstep.jsonl"
+if out=$($PY - "$W/lockstep.jsonl" <<'PYEOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+epoch = [l for l in lines if "train_loss" in l][0]
+whole = [l for l in lines if "rank" in l and l["step"] == epoch["step"]][-2:]
+per_rank = [w["images_per_s"] for w in whole]
+total = epoch["images_per_s"]
+print("whole-epoch images/s: rank 0 %.1f, rank 1 %.1f; the epoch's %.1f over 2 ranks" % (per_rank[0], per_rank[1], total))
+sys.exit(0 if abs(2 * per_rank[0] - total) <= 0.05 * total else 1)
+PYEOF
+); then
+  ok "each rank's step time adds up to its wall time ($out)"
+else
+  fail "a rank's step time misses time it spent: $out"
+fi
 
 # --- DDP equals one rank of the whole batch (smallcnn: no batch norm) ----------
 next_port
@@ -193,6 +216,14 @@ next_port
 expect_rc 1 "a checkpoint of 2 ranks refused by 1" "$TR" "${R18[@]}" --nproc-per-node 1 --master-port "$PORT" \
   --resume "$W/ck/checkpoint.pt"
 expect_text "written for 2 ranks of batch 16" "saying why"
+# The order belongs to the run too: before, --order blocks on a random-order
+# run's checkpoint resumed without a word, training some samples twice and
+# others never.
+next_port
+expect_rc 1 "a resume in blocks order of a random-order run" "$TR" "${R18[@]}" --order blocks --master-port "$PORT" \
+  --resume "$W/ck/checkpoint.pt"
+expect_text "a run that read its samples in order random; this run reads them in order blocks of" "is refused, naming both orders"
+expect_text "resume with --order random" "and how to resume"
 # A checkpoint is checked against the model and the data set before it is loaded.
 next_port
 expect_rc 1 "a resnet18 checkpoint refused by --model smallcnn" "$TR" "${R18[@]}" --model smallcnn \
@@ -684,4 +715,25 @@ else
   skip "--misbind-rank's refusal on a machine of one NUMA node (this one has $nodes)"
 fi
 fi  # part main
+
+# --- another user's checkpoint: refused before any rank starts ---------------
+if ! part other-uid; then
+  :
+elif [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1 &&
+  setpriv --reuid=nobody --regid=nogroup --clear-groups test -x "$TR" 2>/dev/null; then
+  AS_NOBODY=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+  chmod -R a+rX "$W/p"
+  chmod a+rx "$W"
+  printf 'PK\003\004 a checkpoint only root may read' >"$W/root.pt"
+  chmod 0600 "$W/root.pt"
+  # Before, each rank's LibTorch said "it is not a checkpoint of this trainer
+  # (... open file failed because of errno 13 ...)", after both had launched.
+  expect_rc 2 "--resume of a checkpoint the user cannot read" "${AS_NOBODY[@]}" "$TR" --data "$W/p" "${SMALL[@]}" \
+    --nproc-per-node 2 --resume "$W/root.pt"
+  expect_text "--resume $W/root.pt cannot be read: Permission denied (mode 0600, owner uid 0; this trainer runs as uid 65534)" \
+    "is refused by the launcher, saying permission denied"
+  if grep -q "rank" "$W/out"; then fail "a rank started: $(cat "$W/out")"; else ok "before any rank starts"; fi
+else
+  skip "another-uid checks need root, setpriv and a 'nobody' user that can run $TR"
+fi
 finish

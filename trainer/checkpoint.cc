@@ -1,7 +1,10 @@
 #include "trainer/checkpoint.h"
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -23,6 +26,45 @@ std::string ShapeText(const torch::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
+}
+
+// Why LibTorch could not open `path` as an archive, in our words. A
+// checkpoint is a zip archive: one that starts as a zip but whose end record
+// is missing was cut short (a copy that stopped, a full disk outside the
+// atomic writer); one that starts as a zip and still fails is damaged;
+// anything else is not a checkpoint.
+std::string WhyUnreadable(const std::string& path, const std::string& libtorch) {
+  std::string head, tail;
+  off_t size = 0;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    char b[4] = {0};
+    head.assign(b, std::fread(b, 1, sizeof b, f));
+    // The end record (22 bytes, then a comment of up to 64 KiB) lies in the last 65,557 bytes.
+    if (fseeko(f, 0, SEEK_END) == 0 && (size = ftello(f)) > 0) {
+      const off_t from = std::max<off_t>(0, size - 65557);
+      tail.resize(static_cast<size_t>(size - from));
+      if (fseeko(f, from, SEEK_SET) != 0 || std::fread(tail.data(), 1, tail.size(), f) != tail.size()) tail.clear();
+    }
+    std::fclose(f);
+  }
+  const std::string told = " (LibTorch: " + libtorch + ")";
+  if (head != std::string("PK\x03\x04", 4)) {
+    return "it is not a checkpoint of this trainer (LibTorch cannot read it as one: " + libtorch + ")";
+  }
+  // The end record: its signature, then its comment's length at bytes 20-21,
+  // that comment ending the file (a signature elsewhere is only data).
+  bool ends = false;
+  for (size_t at = tail.rfind(std::string("PK\x05\x06", 4)); at != std::string::npos && !ends;
+       at = at ? tail.rfind(std::string("PK\x05\x06", 4), at - 1) : std::string::npos) {
+    const auto byte = [&](size_t i) { return static_cast<size_t>(static_cast<unsigned char>(tail[i])); };
+    ends = at + 22 <= tail.size() && at + 22 + (byte(at + 20) | byte(at + 21) << 8) == tail.size();
+  }
+  if (!ends) {
+    return "it is a damaged checkpoint: cut short (its " + std::to_string(size) +
+           " bytes begin as a checkpoint's archive, but the archive's end is missing): resume from another "
+           "checkpoint" + told;
+  }
+  return "it is a damaged checkpoint (its archive cannot be read): resume from another checkpoint" + told;
 }
 
 std::string Older(const std::string& path, const std::string& what) {
@@ -144,6 +186,12 @@ Checkpoint ReadFields(const std::string& path, torch::serialize::InputArchive& a
                     "trainer, or one from an older version)");
   }
   c.model = name.toStringRef();
+  c10::IValue order;
+  if (a.try_read("order", order)) {  // (older checkpoints have none)
+    if (!order.isString()) throw RankError(Older(path, "order"));
+    c.order = order.toStringRef();
+    c.io_memory = get("io_memory");
+  }
   return c;
 }
 
@@ -162,6 +210,13 @@ void CheckFits(const std::string& path, const Checkpoint& c, const Checkpoint& e
     throw RankError(from + std::to_string(c.world) + " ranks of batch " + std::to_string(c.batch_size) +
                     "; this run has " + std::to_string(expect.world) + " of " + std::to_string(expect.batch_size) +
                     " (the sample order would differ): resume with the same ranks and batch size");
+  }
+  if (!c.order.empty() && c.order != expect.order) {
+    const bool blocks = c.order != "random";
+    throw RankError(from + "a run that read its samples in order " + c.order + "; this run reads them in order " +
+                    expect.order + " (the rest of the epoch would train some samples twice and others never): " +
+                    "resume with --order " + (blocks ? "blocks --io-memory " + std::to_string(c.io_memory) : "random") +
+                    (blocks ? " on the same ranks" : ""));
   }
 }
 
@@ -206,6 +261,8 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
   a.write("world", torch::tensor(c.world));
   a.write("batch_size", torch::tensor(c.batch_size));
   a.write("model_name", c10::IValue(c.model));
+  a.write("order", c10::IValue(c.order));
+  a.write("io_memory", torch::tensor(c.io_memory));
   a.write("num_classes", torch::tensor(c.classes));
   a.write("train_samples", torch::tensor(c.train_samples));
   a.write("epochs", torch::tensor(c.epochs));
@@ -228,8 +285,7 @@ Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD
   try {
     a.load_from(path);
   } catch (const c10::Error& e) {
-    throw RankError("cannot resume from " + path + ": it is not a checkpoint of this trainer (LibTorch cannot read it "
-                    "as one: " + FirstLine(e.what_without_backtrace()) + ")");
+    throw RankError("cannot resume from " + path + ": " + WhyUnreadable(path, FirstLine(e.what_without_backtrace())));
   }
   try {
     c = ReadFields(path, a);

@@ -26,6 +26,13 @@ struct Checkpoint {
   // only where that run stopped, and may change).
   int64_t epochs = 0, max_steps = 0, warmup_steps = 0, image_size = 0;
   double lr = 0, momentum = 0, weight_decay = 0, label_smoothing = 0;
+  // The order the run read its samples in, resolved (SequenceOf: "random",
+  // or "blocks of K samples, W a window"), and the read-ahead memory its
+  // blocks were sized from: a resume in another order would train some
+  // samples twice and others never. Empty: a checkpoint of an older trainer
+  // (its order unknown).
+  std::string order;
+  int64_t io_memory = 0;
 };
 
 // What a resume would change of the saved run: "--epochs 3 (the
@@ -39,7 +46,7 @@ std::vector<std::string> RunChanges(const Checkpoint& saved, const Checkpoint& n
 void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& c);
 
 // Loads path into model and opt after checking it fits `expect` (its
-// model, classes, train_samples, world and batch_size); every tensor's
+// model, classes, train_samples, world, batch_size and order); every tensor's
 // shape is checked after the load too, and every tensor (the model's
 // parameters and buffers, the optimizer's momentum) against the CRC-32C
 // written with it: a damaged file is refused, naming the tensor (model and

@@ -372,7 +372,7 @@ std::string ChartSvg(const std::string& title, const std::vector<RankTiming>& t,
   o << "<text x=\"10\" y=\"24\" font-size=\"15\">" << esc(title) << "</text>\n";
   constexpr int kParts = 4;
   const char* colors[kParts] = {"#e8702a", "#3b75af", "#9e9e9e", "#cfcfcf"};
-  const char* names[kParts] = {"data", "compute", "comm wait", "other (optimiser step)"};
+  const char* names[kParts] = {"data", "compute", "comm wait", "other (optimiser step, reports)"};
   for (size_t i = 0; i < t.size(); ++i) {
     const RankTiming& x = t[i];
     const int y = top + static_cast<int>(i) * (bar_h + gap);

@@ -7,12 +7,15 @@
 // (trainer/launcher.h) and runs --nproc-per-node copies of itself; with them
 // (set by that launcher, by torchrun, or by a Slurm wrapper) it is one rank.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
+#include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -201,6 +204,14 @@ std::string CheckOptions(const Options& o) {
     struct stat st {};
     if (stat(o.resume.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
       return "--resume " + o.resume + " is not a regular file (a checkpoint.pt from --out)";
+    }
+    // Said here, before any rank starts, rather than by each rank's LibTorch.
+    if (access(o.resume.c_str(), R_OK) != 0) {
+      const int err = errno;
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return "--resume " + o.resume + " cannot be read: " + std::strerror(err) + " (mode " + mode + ", owner uid " +
+             std::to_string(st.st_uid) + "; this trainer runs as uid " + std::to_string(geteuid()) + ")";
     }
   }
   return "";

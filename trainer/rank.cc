@@ -64,6 +64,10 @@ struct EpochState {
   int64_t loss_n = 0, images = 0;
   std::unique_ptr<Progress> bar;  // rank 0's
   Clock::time_point start;
+  // Where the last step ended: what the loop did between two steps (a
+  // report's gather and table, a checkpoint) is counted in the next step,
+  // so a rank's steps add up to the wall time they cover.
+  Clock::time_point last_end;
 };
 
 // One step's timings, ms.
@@ -155,6 +159,7 @@ class Rank {
   std::vector<RankBinding> bindings_;
   std::vector<int> previous_stragglers_;
   Schedule schedule_;
+  ReadPlan read_plan_;  // the train split's, as the loader resolves it
   OutputLock lock_;  // rank 0 outside our launcher (which holds it otherwise)
   FileHandle metrics_;  // flushed after each write
   int64_t step_ = 0;
@@ -180,6 +185,10 @@ void Rank::Setup() {
   if (p_.rank == 0) OpenOutputs();
   Plan();
   ChooseDevice();
+  // The order the loader will read in, resolved as it will resolve it: a
+  // resume checks it against the checkpoint's, and the ranks agree on it.
+  read_plan_ = Take(PlanReadingFor(TrainPipeline(o_, p_, 0, 0, g_.ring_size), manifest_),
+                    "cannot plan the reading of the train split");
   BuildModel();
   Resume();
   // The loader first (it warms up during the rendezvous), then c10d.
@@ -336,6 +345,8 @@ Checkpoint Rank::Describe(int64_t epoch, int64_t batch, int64_t step) const {
   c.momentum = o_.momentum;
   c.weight_decay = o_.weight_decay;
   c.label_smoothing = o_.label_smoothing;
+  c.order = SequenceOf(read_plan_);
+  c.io_memory = static_cast<int64_t>(read_plan_.io_memory);
   return c;
 }
 
@@ -377,7 +388,8 @@ void Rank::Rendezvous() {
   const std::string resume_at = o_.resume.empty() ? "none" : "epoch " + std::to_string(at_.epoch) + ", batch " +
                                                                   std::to_string(at_.batch) + ", step " +
                                                                   std::to_string(at_.step);
-  AgreeSettings(*store_, p_.rank, p_.world, SharedSettings(o_, manifest_, resume_at), StoreWhere(p_), timeout_);
+  AgreeSettings(*store_, p_.rank, p_.world, SharedSettings(o_, manifest_, resume_at, SequenceOf(read_plan_)),
+                StoreWhere(p_), timeout_);
   hb_ = std::make_unique<Heartbeat>(store_address_, p_.rank, p_.world);
   comm_ = std::make_unique<Comm>(CreateProcessGroup(store_, p_, timeout_, g_.device.is_cuda()), p_.world, timeout_,
                                  hb_.get());
@@ -445,7 +457,7 @@ void Rank::TrainEpoch(int64_t epoch) {
     ep.bar = std::make_unique<Progress>("Train Epoch " + std::to_string(epoch), bpe, StderrIsTerminal(),
                                         o_.report_every, stderr);
   }
-  ep.start = Clock::now();
+  ep.start = ep.last_end = Clock::now();
   ep.next_batch = epoch == at_.epoch ? at_.batch : 0;
   for (; ep.next_batch < bpe; ++ep.next_batch) {
     if (!TrainStep(ep, ep.next_batch)) {
@@ -469,7 +481,10 @@ bool Rank::TrainStep(EpochState& ep, int64_t b) {
                     std::to_string(b) + " was due");
   }
   double l = 0;
-  const StepTimes t = ForwardBackwardStep(batch, t0, data_ms, &l);
+  StepTimes t = ForwardBackwardStep(batch, t0, data_ms, &l);
+  const auto end = Clock::now();
+  t.step = Ms(ep.last_end, end);  // (the step, and whatever ran since the last one)
+  ep.last_end = end;
   ++step_;
   if (!std::isfinite(l)) throw RankError("the loss is " + std::to_string(l) + " at step " + std::to_string(step_));
   if (o_.check_sync && p_.world > 1) CheckSync();

@@ -45,7 +45,8 @@ std::string RankList(const std::vector<int>& ranks) {
   return list;
 }
 
-Settings SharedSettings(const Options& o, const Manifest& m, const std::string& resume_at) {
+Settings SharedSettings(const Options& o, const Manifest& m, const std::string& resume_at,
+                        const std::string& sequence) {
   const std::string manifest = ManifestToJson(m);
   char crc[16];
   std::snprintf(crc, sizeof crc, "%08x", Crc32c(0, manifest.data(), manifest.size()));
@@ -60,6 +61,9 @@ Settings SharedSettings(const Options& o, const Manifest& m, const std::string& 
       {"the train transform", DescribeTransform(o.transform)},
       {"--eval-transform", o.eval_transform},
       {"--order", OrderChoiceName(o.order)},
+      // auto resolves by each node's memory, and blocks by --io-memory: the
+      // sequences must be one epoch's shares all the same.
+      {"the sample order (resolved)", sequence},
       {"--seed", std::to_string(o.seed)},
       {"--epochs", std::to_string(o.epochs)},
       {"--max-steps", std::to_string(o.max_steps)},

@@ -23,8 +23,10 @@ using Settings = std::vector<std::pair<std::string, std::string>>;
 // training samples), model, batch size, image size, the train transform,
 // order, seed, epochs and steps, the schedule (lr, momentum, weight decay,
 // label smoothing, warm-up), where the images are resized, the evaluation
-// split, and the position a resume starts from (`resume_at`).
-Settings SharedSettings(const Options& o, const Manifest& m, const std::string& resume_at);
+// split, the position a resume starts from (`resume_at`), and the sample
+// order as the loader resolved it (`sequence`: SequenceOf(ReadPlan)).
+Settings SharedSettings(const Options& o, const Manifest& m, const std::string& resume_at,
+                        const std::string& sequence);
 
 // What differs between ranks' settings (given in rank order), one entry a
 // setting: "--seed (rank 0: 1; ranks 1 and 2: 2)"; empty when they agree.

@@ -182,7 +182,7 @@ TEST(Chart, NumbersOnThePartsTheTablesTotalAndNothingClipped) {
   EXPECT_NE(svg.find(">200</text>"), std::string::npos) << svg;  // compute, on its part
   EXPECT_NE(svg.find(">40.0</text>"), std::string::npos) << svg;  // rank 0's other
   EXPECT_NE(svg.find(">290 ms</text>"), std::string::npos) << svg;
-  EXPECT_NE(svg.find("other (optimiser step)"), std::string::npos);
+  EXPECT_NE(svg.find("other (optimiser step, reports)"), std::string::npos);
   const double width = std::stod(svg.substr(svg.find("width=\"") + 7));
   const size_t tag = svg.find("ms  straggler</text>");
   ASSERT_NE(tag, std::string::npos);
@@ -652,9 +652,9 @@ TEST(TrainerSettings, EveryTrainingSettingIsCompared) {
   Manifest m;
   m.classes = {"a", "b"};
   Options o;
-  const Settings base = SharedSettings(o, m, "none");
+  const Settings base = SharedSettings(o, m, "none", "random");
   auto differs = [&](const Options& changed, const std::string& name) {
-    const std::vector<std::string> d = SettingsDiffer({base, SharedSettings(changed, m, "none")});
+    const std::vector<std::string> d = SettingsDiffer({base, SharedSettings(changed, m, "none", "random")});
     return d.size() == 1 && d[0].rfind(name + " (", 0) == 0;
   };
   Options x = o;
@@ -683,11 +683,17 @@ TEST(TrainerSettings, EveryTrainingSettingIsCompared) {
   EXPECT_TRUE(differs(x, "--order"));
   Manifest other = m;
   other.classes.push_back("c");
-  const std::vector<std::string> d = SettingsDiffer({base, SharedSettings(o, other, "none")});
+  const std::vector<std::string> d = SettingsDiffer({base, SharedSettings(o, other, "none", "random")});
   ASSERT_EQ(d.size(), 1u);
   EXPECT_NE(d[0].find("--data (its manifest) (rank 0: crc32c:"), std::string::npos) << d[0];
   EXPECT_NE(d[0].find(", 2 classes"), std::string::npos) << d[0];
-  EXPECT_EQ(SettingsDiffer({base, SharedSettings(o, m, "epoch 1, batch 0, step 9")}).size(), 1u);
+  EXPECT_EQ(SettingsDiffer({base, SharedSettings(o, m, "epoch 1, batch 0, step 9", "random")}).size(), 1u);
+  // The same --order auto resolved differently (another node's memory), or
+  // blocks sized from another --io-memory: named, though every flag agrees.
+  const std::vector<std::string> seq =
+      SettingsDiffer({base, SharedSettings(o, m, "none", "blocks of 6 samples, 600 a window")});
+  ASSERT_EQ(seq.size(), 1u);
+  EXPECT_EQ(seq[0], "the sample order (resolved) (rank 0: random; rank 1: blocks of 6 samples, 600 a window)");
 }
 
 }  // namespace

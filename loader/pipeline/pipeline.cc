@@ -116,7 +116,14 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   const uint64_t mean = std::max<uint64_t>(1, samples ? split_bytes / samples : 1);
   const uint64_t window = std::max<uint64_t>(1, p.io_memory / 2 / mean);  // samples a window holds
   if (p.order == SampleOrder::kBlocks) {
-    p.block_samples = std::max<uint64_t>(1, window / kWindowBlocks);
+    // A batch mixes the blocks of its window: kWindowBlocks of them, taken
+    // from the whole split. A rank reads only its share of the epoch's
+    // blocks, so the blocks are sized from the smaller of the window and
+    // that share: with many ranks (or a large --io-memory) a window wider
+    // than a rank's share would otherwise hold a few huge blocks, a few
+    // classes of a class-sorted split.
+    const uint64_t share = std::max<uint64_t>(1, SamplesPerRank(SamplerConfigFor(c, samples)));
+    p.block_samples = std::max<uint64_t>(1, std::min(window, share) / kWindowBlocks);
     p.window_blocks = std::max<uint64_t>(1, window / p.block_samples);
   }
   // Read ahead where the disk is read: a split bigger than memory, or blocks.
@@ -143,6 +150,31 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
                           : ", a window at a time by a reader thread";
   }
   return p;
+}
+
+std::string SequenceOf(const ReadPlan& p) {
+  if (p.order == SampleOrder::kRandom) return "random";
+  return "blocks of " + std::to_string(p.block_samples) + " samples, " + std::to_string(p.window_blocks) +
+         " a window";
+}
+
+namespace {
+uint64_t SplitBytes(const SplitInfo& split) {
+  uint64_t bytes = 0;
+  for (const ShardInfo& sh : split.shards) bytes += sh.bytes;
+  return bytes;
+}
+
+MemoryLimit MemoryFor(const PipelineConfig& c) {
+  return c.memory_bytes ? MemoryLimit{*c.memory_bytes, "PipelineConfig::memory_bytes"} : MemoryAvailableToProcess();
+}
+}  // namespace
+
+Result<ReadPlan> PlanReadingFor(const PipelineConfig& c, const Manifest& m) {
+  const SplitInfo* split = m.FindSplit(c.split);
+  if (!split) return Status::NotFound("the shard set has no split '" + c.split + "'");
+  const MemoryLimit mem = MemoryFor(c);
+  return PlanReading(c, split->num_samples, SplitBytes(*split), mem.bytes, mem.source);
 }
 
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
@@ -474,12 +506,9 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   NL_RETURN_IF_ERROR(CheckCounts(config));
   NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
   NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
-  uint64_t split_bytes = 0;
-  for (const ShardInfo& sh : m.manifest.FindSplit(config.split)->shards) split_bytes += sh.bytes;
-  const MemoryLimit mem = config.memory_bytes
-                              ? MemoryLimit{*config.memory_bytes, "PipelineConfig::memory_bytes"}
-                              : MemoryAvailableToProcess();
-  m.plan = PlanReading(config, m.reader->size(), split_bytes, mem.bytes, mem.source);
+  const MemoryLimit mem = MemoryFor(config);
+  m.plan = PlanReading(config, m.reader->size(), SplitBytes(*m.manifest.FindSplit(config.split)), mem.bytes,
+                       mem.source);
   NL_ASSIGN_OR_RETURN(DistributedSampler sampler, DistributedSampler::Create(SamplerConfigFor(
                                                       config, m.reader->size(), m.plan)));
   m.sampler.emplace(sampler);

@@ -51,6 +51,7 @@
 
 #include "base/status.h"
 #include "formats/image.h"
+#include "formats/manifest.h"
 #include "loader/pipeline/sampler.h"
 #include "loader/pipeline/transforms.h"
 
@@ -183,6 +184,14 @@ struct ReadPlan {
 };
 ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,
                      uint64_t memory_bytes, const std::string& memory_source);
+// The plan Pipeline::Open makes for c on the shard set of manifest m (its
+// split's size, and the memory this process may use): for a caller that
+// must know the order before a pipeline opens (a resume's check).
+Result<ReadPlan> PlanReadingFor(const PipelineConfig& c, const Manifest& m);
+// What of a plan shapes an epoch's sequence of samples (with the sampler's
+// config): "random", or "blocks of K samples, W a window". A run resumed
+// with another gives another sequence (samples trained twice, others never).
+std::string SequenceOf(const ReadPlan& p);
 
 // The sampler a pipeline with this config uses, over a split of
 // `dataset_size` samples: the one place a SamplerConfig is made from a
