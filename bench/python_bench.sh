@@ -3,7 +3,7 @@
 # (1) the same DDP training script (bench/ddp_reference.py: resnet18, SGD,
 #     2 ranks under torchrun, Gloo on CPU) fed by torch's DataLoader over an
 #     ImageFolder (one worker process per rank, matching the loader's one
-#     thread per rank) and by numa_loader.Loader (the three lines the README
+#     thread per rank) and by numa_loader.Loader (the three lines docs/guide/python.md
 #     changes), on a CIFAR-like PNG folder (CIFAR's crop) and on JPEG
 #     photographs (RandomResizedCrop): img/s and the data share of a step
 #     (time waiting for the next batch over the step's time), per rank;

@@ -1,5 +1,5 @@
 // pack_tool: turns a dataset on disk into a verified LMDB shard set.
-// A thin command line over formats/ (see README.md, "pack_tool").
+// A thin command line over formats/ (see docs/guide/packing.md).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

@@ -2,7 +2,7 @@
 // metrics lines and the chart. Plain C++ (no LibTorch): the rank gathers the
 // numbers, this file decides what they mean.
 //
-// The straggler rule (README, "Which rank is slow and why"): rank r is a
+// The straggler rule (docs/guide/training.md, "Which rank is slow, and why"): rank r is a
 // straggler when its mean data_time is
 //   - more than 2x the median of the other ranks' mean data_time, and
 //   - more than 10% of its own mean step_time, and
@@ -58,8 +58,8 @@ struct RankTiming {
   int64_t frozen_step = 0;
 };
 
-// Stalls in a window, one sentence each (README, "Which rank is slow and
-// why"): a rank whose process did not run for a second or more, or whose
+// Stalls in a window, one sentence each (docs/guide/training.md, "Which rank
+// is slow, and why"): a rank whose process did not run for a second or more, or whose
 // own work on one step took a second or more and over 10x the ranks'
 // median step work. Stalls shorter than --timeout end no collective; this
 // names them, with their length and step.

@@ -396,7 +396,7 @@ struct Pipeline::Impl {
       // with pread lands in the worker's buffer, nothing to prefetch). On a split of
       // 1,000,000 records in the page cache this took a core's read stage
       // from ~2.5 s to ~1.0 s an epoch (the 50,000-record split's: ~1.4 s
-      // to ~0.65 s; README, "How cost grows").
+      // to ~0.65 s; docs/BENCHMARKS.md, "How cost grows").
       if (const uint64_t p = b * bsz + j; p + 8 * c.threads < n) {
         const uint64_t soon = p + 2 * c.threads;
         if (stager) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The numa_loader package installed the two ways the README gives: `cmake
+# The numa_loader package installed the two ways docs/guide/python.md gives: `cmake
 # --install` into a prefix (the package runs that prefix's loader and
 # library), and `pip install` of <build>/python into a venv (it runs the
 # build's); each then feeds a Loader from a pack made by its pack_tool.

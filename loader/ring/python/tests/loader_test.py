@@ -541,7 +541,7 @@ class TorchrunTest(unittest.TestCase):
         script = os.path.join(out, "train.py")
         with open(script, "w") as f:
             f.write(TORCHRUN_SCRIPT)
-        # Debian's torch 1.13 on Python 3.11: -r 2 -t 2 (see the README).
+        # Debian's torch 1.13 on Python 3.11: -r 2 -t 2 (see docs/guide/python.md).
         p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "-r", "2", "-t", "2",
                             "--log_dir", os.path.join(out, "logs"), "--nproc_per_node", "2",
                             "--master_port", str(free_port()), script, DATA, out, mode],
@@ -590,16 +590,17 @@ class TorchrunTest(unittest.TestCase):
 
 
 @LIBTORCH_BOUND
-class ReadmeTest(unittest.TestCase):
-    def test_the_readmes_train_py_trains_two_epochs(self):
+class GuideTest(unittest.TestCase):
+    def test_the_python_guides_train_py_trains_two_epochs(self):
         here = os.path.dirname(os.path.abspath(__file__))
         env = dict(os.environ, PYTHONPATH=PYDIR, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                    LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        p = subprocess.run([sys.executable, os.path.join(here, "readme_loop_check.py"),
-                            os.path.join(here, "..", "..", "..", "..", "README.md"), "loader", DATA],
+        p = subprocess.run([sys.executable, os.path.join(here, "guide_loop_check.py"),
+                            os.path.join(here, "..", "..", "..", "..", "docs", "guide", "python.md"),
+                            "loader", DATA],
                            env=env, capture_output=True, text=True, timeout=300)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertRegex(p.stdout, r"README train.py: 2 epochs of 4 batches")
+        self.assertRegex(p.stdout, r"guide train.py: 2 epochs of 4 batches")
 
 
 if __name__ == "__main__":

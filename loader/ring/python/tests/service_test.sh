@@ -2,7 +2,8 @@
 # The Python consumer against real `loader serve` processes: its dump equals
 # `loader consume`'s byte for byte, torch views the slot and release_after's
 # event runs before the slot goes back, a producer's bad record arrives as
-# LoaderError with the producer's reason, and the README's DDP loop runs.
+# LoaderError with the producer's reason, and the Client loop of
+# docs/guide/python.md runs.
 # Usage: service_test.sh PACK_TOOL LOADER PYTHON_DIR TESTS_DIR
 set -uo pipefail
 PT=$1
@@ -239,12 +240,12 @@ expect_rc 1 "python3 -m numa_loader.consume exits 1 on the producer's error" \
 expect_text "index 37" "its message names the record"
 served bad2 1
 
-# --- (e) the README's Client loop (train.py's is loader_test.py's) ----------
-serve readme "$W/p" --epochs 1 --seed 7
+# --- (e) docs/guide/python.md's Client loop (train.py's is loader_test.py's)
+serve guide "$W/p" --epochs 1 --seed 7
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-expect_rc_stdout 0 "the README's Client loop runs" env NL_JOB_ID="$JOB-readme" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 \
-  MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" $PY "$T/readme_loop_check.py" "$T/../../../../README.md" client
-expect_out "^README Client loop: 13 batches, 13 events synchronized" "13 batches, an event synchronized per batch"
-served readme 0
+expect_rc_stdout 0 "the Python guide's Client loop runs" env NL_JOB_ID="$JOB-guide" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" $PY "$T/guide_loop_check.py" "$T/../../../../docs/guide/python.md" client
+expect_out "^guide Client loop: 13 batches, 13 events synchronized" "13 batches, an event synchronized per batch"
+served guide 0
 
 finish

@@ -1,10 +1,11 @@
-"""Runs the README's Python blocks (the section "Python (PyTorch DDP)") on CPU.
+"""Runs the Python blocks of the user guide's Python page
+(docs/guide/python.md: train.py, then the Client's loop) on CPU.
 
-    readme_loop_check.py README.md loader DATA
+    guide_loop_check.py docs/guide/python.md loader DATA
         train.py, the Loader's loop: torch.distributed with Gloo, world size 1,
         its data set swapped for DATA and 90 epochs for 2. Checks every batch
         of each epoch trained once and tqdm was given a total.
-    readme_loop_check.py README.md client
+    guide_loop_check.py docs/guide/python.md client
         the Client's loop, against a `loader serve` of $NL_JOB_ID: checks a
         release_after event was synchronized per batch.
 
@@ -24,9 +25,8 @@ import torch.distributed as dist
 
 text = open(sys.argv[1]).read()
 mode = sys.argv[2]
-section = text.split("## Python (PyTorch DDP)", 1)[1].split("\n## ", 1)[0]
-blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-assert len(blocks) == 2, "the section has %d python blocks, not 2" % len(blocks)
+blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+assert len(blocks) == 2, "%s has %d python blocks, not 2" % (sys.argv[1], len(blocks))
 
 synced = []
 losses = []
@@ -94,25 +94,25 @@ if mode == "loader":
         made.append(_Loader(*a, **k))
         return made[-1]
     numa_loader.Loader = loader
-    exec(compile(code, "README.md (train.py)", "exec"), {"__name__": "__main__"})
+    exec(compile(code, "python.md (train.py)", "exec"), {"__name__": "__main__"})
     n = len(made[0])
     assert made[0].closed, "the with block closed the Loader"
     assert len(losses) == 2 * n, "%d steps for 2 epochs of %d batches" % (len(losses), n)
     assert totals == [n, n], "tqdm's totals: %r" % totals
     assert all(math.isfinite(v) for v in losses), losses
     dist.destroy_process_group()
-    print("README train.py: 2 epochs of %d batches, loss %.3f -> %.3f" % (n, losses[0], losses[-1]))
+    print("guide train.py: 2 epochs of %d batches, loss %.3f -> %.3f" % (n, losses[0], losses[-1]))
 else:
     code = blocks[1]
     assert "release_after" in code and "non_blocking=True" in code, code
     assert code.count('"run1"') == 1, code
     code = code.replace('"run1"', repr(os.environ["NL_JOB_ID"]))
     code = code.replace("        x = torch", "        batches.append(b.batch)\n        x = torch", 1)
-    exec(compile(code, "README.md (Client loop)", "exec"),
+    exec(compile(code, "python.md (Client loop)", "exec"),
          {"__name__": "__main__", "rank": 0, "numa_loader": __import__("numa_loader"),
           "torch": torch, "os": os, "batches": batches})
     assert batches, "the loop took no batch"
     if not torch.cuda.is_available():
         assert len(synced) == len(batches), "%d events synchronized for %d batches" % (
             len(synced), len(batches))
-    print("README Client loop: %d batches, %d events synchronized" % (len(batches), len(synced)))
+    print("guide Client loop: %d batches, %d events synchronized" % (len(batches), len(synced)))
