@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -137,24 +138,53 @@ Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
     env_s.push_back(std::string(kFailureFdVariable) + "=" + std::to_string(failure_write.get()));
   }
   std::vector<char*> argv = Pointers(argv_s), envp = Pointers(env_s);
-  int report[2];  // the exec's errno comes back here; a close-on-exec pipe
-  if (pipe2(report, O_CLOEXEC) != 0) {
-    return Status::FromErrno("cannot make a pipe to start " + args[0], errno);
-  }
+  Launch l;
+  l.what = args[0];
+  l.argv = argv.data();
+  l.envp = envp.data();
+  l.stdout_fd = stdout_fd;
+  l.stderr_fd = stderr_fd;
+  l.channel_fd = failure_write.get();
+  NL_ASSIGN_OR_RETURN(ChildProcess child, Spawn(l));
+  child.failure_read_ = std::move(failure_read);
+  return child;
+}
+
+Result<ChildProcess> ChildProcess::Fork(const std::string& what, const std::function<int()>& body,
+                                        int stdout_fd, int stderr_fd) {
+  Launch l;
+  l.what = what;
+  l.body = &body;
+  l.stdout_fd = stdout_fd;
+  l.stderr_fd = stderr_fd;
+  return Spawn(l);
+}
+
+// The one fork of the project. The child: the parent-death signal (and a
+// check that the parent did not die before it was set), its stdout and
+// stderr, the failure channel kept across exec; then the program, or the
+// body (whose return is its exit status). An error in the setup or the
+// exec comes back through a close-on-exec pipe as the child's errno.
+Result<ChildProcess> ChildProcess::Spawn(const Launch& l) {
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return Status::FromErrno("cannot make a pipe to start " + l.what, errno);
   Fd report_read(report[0]), report_write(report[1]);
-  const int channel_fd = failure_write.get();
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) return Status::FromErrno("cannot fork to start " + args[0], errno);
+  if (pid < 0) return Status::FromErrno("cannot fork to start " + l.what, errno);
   if (pid == 0) {
     int err = 0;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) err = errno;
     if (err == 0 && getppid() != parent) _exit(127);  // the parent died before the prctl
-    if (err == 0 && stdout_fd >= 0 && dup2(stdout_fd, 1) < 0) err = errno;
-    if (err == 0 && stderr_fd >= 0 && dup2(stderr_fd, 2) < 0) err = errno;
-    if (err == 0 && channel_fd >= 0 && fcntl(channel_fd, F_SETFD, 0) != 0) err = errno;  // kept across exec
+    if (err == 0 && l.stdout_fd >= 0 && dup2(l.stdout_fd, 1) < 0) err = errno;
+    if (err == 0 && l.stderr_fd >= 0 && dup2(l.stderr_fd, 2) < 0) err = errno;
+    if (err == 0 && l.channel_fd >= 0 && fcntl(l.channel_fd, F_SETFD, 0) != 0) err = errno;  // kept across exec
+    if (err == 0 && l.body) {
+      report_write.Reset();  // set up: the parent reads no errno
+      _exit((*l.body)());
+    }
     if (err == 0) {
-      execve(argv[0], argv.data(), envp.data());
+      execve(l.argv[0], l.argv, l.envp);
       err = errno;
     }
     ssize_t ignored = write(report[1], &err, sizeof err);
@@ -162,16 +192,14 @@ Result<ChildProcess> ChildProcess::Start(const std::vector<std::string>& args,
     _exit(127);
   }
   ChildProcess child(pid);
-  child.failure_read_ = std::move(failure_read);
-  failure_write.Reset();
   report_write.Reset();
   int err = 0;
   ssize_t n;
   do {
     n = read(report_read.get(), &err, sizeof err);
   } while (n < 0 && errno == EINTR);
-  if (n > 0) {  // the exec failed: the child has exited (reaped by child's destructor)
-    return Status::FromErrno("cannot run " + args[0], err);
+  if (n > 0) {  // the setup or the exec failed: the child has exited (reaped by child's destructor)
+    return Status::FromErrno((l.body ? "cannot start " : "cannot run ") + l.what, err);
   }
   return child;
 }
@@ -255,6 +283,28 @@ Result<ChildExit> ChildProcess::WaitFor(double timeout_s, const std::string& wha
   }
   return e;
 }
+
+std::string ProcessState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return "gone";
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return "unknown";
+  switch (line[close + 2]) {
+    case 'T':
+    case 't':
+      return "stopped (SIGSTOP, Ctrl-Z or a debugger)";
+    case 'Z':
+      return "a zombie (it exited; its parent has not reaped it)";
+    case 'D':
+      return "in uninterruptible sleep (waiting on storage)";
+    case 'R':
+      return "running";
+    default:
+      return "alive";
+  }
+}
+
 
 namespace {
 std::string ReadAll(int fd) {

@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,15 @@ class ChildProcess {
   static Result<ChildProcess> Start(const std::vector<std::string>& args,
                                     const std::vector<std::string>& extra_env, int stdout_fd,
                                     int stderr_fd, bool failure_channel = false);
+  // Runs body() in a child that runs no program (work that may crash, hang
+  // or leak, kept out of this process: hwloc's discovery of the machine),
+  // with the same parent-death signal and stdout and stderr on the given
+  // descriptors (-1: inherited); body's return is the child's exit status.
+  // The child is a fork of a process that may have threads: body must only
+  // use what was made before the fork and calls safe there. `what` names it
+  // in errors.
+  static Result<ChildProcess> Fork(const std::string& what, const std::function<int()>& body, int stdout_fd,
+                                   int stderr_fd);
   ChildProcess() = default;
   ~ChildProcess();
   ChildProcess(ChildProcess&& o) noexcept;
@@ -93,6 +103,15 @@ class ChildProcess {
 
  private:
   explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  // What Start and Fork hand the one fork: a program (argv, envp) or a body.
+  struct Launch {
+    std::string what;
+    char* const* argv = nullptr;
+    char* const* envp = nullptr;
+    const std::function<int()>* body = nullptr;
+    int stdout_fd = -1, stderr_fd = -1, channel_fd = -1;
+  };
+  static Result<ChildProcess> Spawn(const Launch& l);
   // Once reaped: the failure channel's report into exit_.
   void Reaped();
   pid_t pid_ = -1;  // -1 once reaped
@@ -107,5 +126,10 @@ std::string TailOf(int fd, int max_lines);
 std::vector<std::string> LinesWith(int fd, const std::string& needle);
 // A descriptor for a child's output: an anonymous memory file (nothing on disk).
 Result<Fd> MakeLogFd(const char* name);
+
+// What a process is doing, for a message about a peer that does not answer:
+// "running", "stopped (SIGSTOP, Ctrl-Z or a debugger)", "a zombie (...)",
+// "in uninterruptible sleep (...)", "alive", or "gone", from /proc/<pid>/stat.
+std::string ProcessState(pid_t pid);
 
 }  // namespace nl::proc

@@ -1,8 +1,10 @@
-// The spawner's failure channel: what a child reports there reaches its
-// parent as a value, and only its own children's channels reach a process.
+// The spawner: what a child reports on its failure channel reaches its
+// parent as a value, only its own children's channels reach a process, and
+// Fork runs a body in a child that runs no program.
 #include "base/child_process.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -88,6 +90,55 @@ TEST(FailureChannel, TakeFailureFdAcceptsOnlyAnOpenDescriptorNumber) {
   EXPECT_NE(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0) << "a grandchild would inherit the channel";
   close(p[0]);
   close(p[1]);
+}
+
+}  // namespace
+}  // namespace nl::proc
+
+namespace nl::proc {
+namespace {
+
+// Fork: a child that runs no program; its body's return is its exit status,
+// its stderr goes where it is told, and a crash is a signal, not ours.
+TEST(ChildProcessFork, TheBodysReturnIsTheExitAndItsOutputGoesWhereTold) {
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  const std::function<int()> body = [] {
+    dprintf(2, "from the child\n");
+    return 7;
+  };
+  Result<ChildProcess> c = ChildProcess::Fork("a test body", body, -1, p[1]);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  close(p[1]);
+  Result<ChildExit> e = c->WaitFor(30.0, "a test body");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->Describe(), "exit status 7");
+  char buf[64] = {0};
+  EXPECT_EQ(read(p[0], buf, sizeof buf - 1), 15);
+  EXPECT_STREQ(buf, "from the child\n");
+  close(p[0]);
+
+  const std::function<int()> crash = [] {
+    raise(SIGABRT);
+    return 0;
+  };
+  Result<ChildProcess> d = ChildProcess::Fork("a crashing body", crash, -1, -1);
+  ASSERT_TRUE(d.ok());
+  Result<ChildExit> f = d->WaitFor(30.0, "a crashing body");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->Describe(), "killed by signal 6");
+}
+
+// The same watchdog as a program's: a hung body is killed at the deadline.
+TEST(ChildProcessFork, AHungBodyIsKilled) {
+  const std::function<int()> hang = [] {
+    pause();
+    return 0;
+  };
+  Result<ChildProcess> c = ChildProcess::Fork("a hung body", hang, -1, -1);
+  ASSERT_TRUE(c.ok());
+  Result<ChildExit> e = c->WaitFor(0.2, "a hung body");
+  EXPECT_EQ(e.status().code(), StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

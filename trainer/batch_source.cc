@@ -13,18 +13,14 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "base/clock.h"
 #include "loader/ring/ring_socket.h"
 #include "trainer/rank_error.h"
 
 namespace nl::trainer {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 namespace F = torch::nn::functional;
-
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 std::string WithTail(const std::string& s, const std::string& tail) {
   return tail.empty() ? s : s + ": " + tail;
@@ -103,7 +99,7 @@ void ServiceSource::Attach(const std::string& bin, const std::string& job, int r
     }
     if (std::chrono::duration<double>(Clock::now() - start).count() > attach_limit_s) {
       throw RankError(WithTail("its loader service (pid " + std::to_string(pid_) + ") did not open its ring within " +
-                                   Seconds(attach_limit_s) + " s (--timeout); it is " + ring::ProcessState(pid_),
+                                   Seconds(attach_limit_s) + " s (--timeout); it is " + proc::ProcessState(pid_),
                                Account(nullptr)));
     }
   }

@@ -12,13 +12,12 @@
 #include <thread>
 
 #include "base/child_process.h"
+#include "base/clock.h"
 #include "base/fd.h"
 #include "loader/ring/ring_socket.h"
 
 namespace nl::trainer {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::atomic<int> g_signal{0};
 extern "C" void OnSignal(int sig) { g_signal.store(sig); }
@@ -331,7 +330,7 @@ LaunchResult Launch(const Options& o, const std::vector<std::string>& argv,
     for (RankChild& c : children) {
       if (c.out.done || c.process.pid() <= 0) continue;
       stalled.push_back(c.out.rank);
-      if (stalled_state.empty()) stalled_state = ring::ProcessState(c.process.pid());
+      if (stalled_state.empty()) stalled_state = proc::ProcessState(c.process.pid());
     }
   }
   const std::vector<int> stopped = StopRemaining(children);

@@ -19,6 +19,7 @@
 #endif
 
 #include "base/child_process.h"
+#include "base/clock.h"
 #include "base/fd.h"
 #include "base/file_util.h"
 #include "formats/manifest.h"
@@ -48,12 +49,7 @@
 namespace nl::trainer {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 namespace F = torch::nn::functional;
-
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // One epoch's running totals.
 struct EpochState {

@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/child_process.h"
 #include "base/fd.h"
 
 namespace nl {
@@ -59,25 +58,23 @@ bool WriteAll(int fd, const char* p, size_t n) {
   return true;
 }
 
-// The discovery child: loads the topology hwloc was set up with (plugins
-// loaded before the fork) and writes it to out_fd as XML; exits 0 when done.
-[[noreturn]] void DiscoveryChild(hwloc_topology_t t, int out_fd, int err_fd, pid_t parent,
-                                 int attempt, const LiveDiscovery& how) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(125);
-  dup2(err_fd, 2);
+// The discovery child's work (base's spawner runs it in a child that runs
+// no program, its stderr on the error pipe): loads the topology hwloc was
+// set up with (plugins loaded before the fork) and writes it to out_fd as
+// XML; 0 when done.
+int DiscoveryChild(hwloc_topology_t t, int out_fd, int attempt, const LiveDiscovery& how) {
   if (how.in_child) how.in_child(attempt);
   if (hwloc_topology_load(t) != 0) {
     dprintf(2, "hwloc_topology_load failed: %s\n", strerror(errno));
-    _exit(2);
+    return 2;
   }
   char* xml = nullptr;
   int len = 0;
   if (hwloc_topology_export_xmlbuffer(t, &xml, &len, 0) != 0 || len <= 0) {
     dprintf(2, "hwloc_topology_export_xmlbuffer failed: %s\n", strerror(errno));
-    _exit(3);
+    return 3;
   }
-  _exit(WriteAll(out_fd, xml, static_cast<size_t>(len)) ? 0 : 4);
+  return WriteAll(out_fd, xml, static_cast<size_t>(len)) ? 0 : 4;
 }
 
 // Reads the child's XML (out) and messages (err) until both close or the
@@ -145,19 +142,19 @@ Result<std::string> DiscoverInChild(bool with_io, int attempt, const LiveDiscove
   Fd out_r(out[0]), out_w(out[1]);
   if (pipe2(err, O_CLOEXEC) != 0) return Status::FromErrno("cannot make a pipe", errno);
   Fd err_r(err[0]), err_w(err[1]);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return Status::FromErrno("cannot fork to discover this machine", errno);
-  if (pid == 0) DiscoveryChild(t.get(), out_w.get(), err_w.get(), parent, attempt, how);
+  const int out_fd = out_w.get();
+  const std::function<int()> body = [&] { return DiscoveryChild(t.get(), out_fd, attempt, how); };
+  Result<proc::ChildProcess> child = proc::ChildProcess::Fork("hwloc's discovery of this machine", body, -1,
+                                                              err_w.get());
+  if (!child.ok()) return child.status();
   out_w.Reset();
   err_w.Reset();
   std::string xml, msg;
   const bool done = ReadUntilClosed(out_r.get(), err_r.get(), how.timeout_s, &xml, &msg);
-  if (!done) kill(pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (done && WIFEXITED(status) && WEXITSTATUS(status) == 0 && !xml.empty()) return xml;
+  if (!done) child->Kill();
+  NL_ASSIGN_OR_RETURN(const proc::ChildExit e, child->WaitFor(-1, "hwloc's discovery of this machine"));
+  const int status = e.status;
+  if (done && e.Succeeded() && !xml.empty()) return xml;
   return Status::Unavailable("hwloc's discovery of this machine" +
                              std::string(with_io ? "" : " without PCI devices") + " " +
                              DescribeChildEnd(status, !done, how.timeout_s, msg));

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/child_process.h"
 #include "loader/ring/ring_lock.h"
 #include "loader/ring/ring_socket.h"
 
@@ -74,7 +75,7 @@ struct RingClient::Impl {
   // The producer is gone: its error text if it left one, else what we know.
   Status Gone() const {
     std::string text(h->error, strnlen(h->error, kErrorBytes));
-    const std::string now = ProcessState(info.producer_pid);
+    const std::string now = proc::ProcessState(info.producer_pid);
     if (text.rfind("stopped by ", 0) == 0) return Status::Unavailable(who + " was " + text);
     if (!text.empty()) {
       return Status::Unavailable(who + " failed: " + text);
@@ -107,7 +108,7 @@ struct RingClient::Impl {
     const double waited = (MonotonicNs() - last) * 1e-9;
     return Status::DeadlineExceeded(who + " is alive but has sent nothing for " +
                                     Seconds(waited) + "; it is " +
-                                    ProcessState(info.producer_pid) + "; " + doing);
+                                    proc::ProcessState(info.producer_pid) + "; " + doing);
   }
 
   // Tells the producer why we refuse its ring, and hangs up.

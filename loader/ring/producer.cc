@@ -13,6 +13,7 @@
 #include <new>
 #include <thread>
 
+#include "base/child_process.h"
 #include "loader/ring/ring_lock.h"
 #include "loader/ring/ring_socket.h"
 
@@ -214,7 +215,7 @@ Status RingProducer::WaitForFreeSlot(double timeout_s, const std::atomic<bool>* 
     if (timeout_s >= 0 && waited > timeout_s) {
       return Status::DeadlineExceeded(
           "the consumer (pid " + std::to_string(m.consumer_pid) + ") is " +
-          ProcessState(m.consumer_pid) + " but has held every slot for " +
+          proc::ProcessState(m.consumer_pid) + " but has held every slot for " +
           std::to_string(static_cast<int>(waited)) + " s without releasing one");
     }
   }

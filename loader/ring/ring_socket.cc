@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 namespace nl::ring {
@@ -179,27 +178,6 @@ bool PeerClosed(int fd) {
   pollfd p{fd, POLLRDHUP, 0};
   const int r = ::poll(&p, 1, 0);
   return r > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-std::string ProcessState(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!in || !std::getline(in, line)) return "gone";
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return "unknown";
-  switch (line[close + 2]) {
-    case 'T':
-    case 't':
-      return "stopped (SIGSTOP, Ctrl-Z or a debugger)";
-    case 'Z':
-      return "a zombie (it exited; its parent has not reaped it)";
-    case 'D':
-      return "in uninterruptible sleep (waiting on storage)";
-    case 'R':
-      return "running";
-    default:
-      return "alive";
-  }
 }
 
 }  // namespace nl::ring

@@ -59,8 +59,4 @@ Status ReceiveMessage(int fd, int timeout_ms, Message* m, Fd* received);
 // A pending message is read into *pending when given (else left).
 bool PeerClosed(int fd);
 
-// "running", "stopped (SIGSTOP or a debugger)", "a zombie (exited, not yet
-// reaped)", "gone" from /proc/<pid>/stat.
-std::string ProcessState(pid_t pid);
-
 }  // namespace nl::ring
