@@ -1,5 +1,5 @@
 // The C API (nl_client.h) over RingClient. No exception crosses it.
-#include "loader/ring/nl_client.h"
+#include "numa_loader/nl_client.h"
 
 #include <memory>
 #include <new>

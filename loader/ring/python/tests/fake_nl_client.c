@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "loader/ring/nl_client.h"
+#include "numa_loader/nl_client.h"
 
 enum { kSlots = 2, kBatch = 4, kPerEpoch = 3, kEpochs = 2 };
 

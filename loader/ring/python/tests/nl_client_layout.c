@@ -3,7 +3,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "loader/ring/nl_client.h"
+#include "numa_loader/nl_client.h"
 
 #define FIELD(T, f) printf("%s\"%s\": [%zu, %zu]", first ? "" : ", ", #f, offsetof(T, f), sizeof(((T*)0)->f)), first = 0
 
