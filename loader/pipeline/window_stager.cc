@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <string>
-#include <system_error>
 
 #include "base/thread.h"
+#include "base/worker_pool.h"
 
 namespace nl {
 namespace {
@@ -35,7 +35,15 @@ WindowStager::WindowStager(const SplitReader& reader, bool direct, uint64_t wind
       window_of_(std::move(window_of)),
       txn_(reader.BeginRead()),
       first_(first_window) {
-  thread_ = std::thread([this] { Run(); });
+  Result<Thread> t = Thread::Start("loader reader", [this] {
+    Run();
+    return Status::Ok();
+  });
+  if (t.ok()) {
+    thread_ = std::move(*t);
+  } else {
+    Stop();  // no thread to be had: the workers read every record themselves (Find returns at once)
+  }
 }
 
 void WindowStager::Stop() {
@@ -48,7 +56,7 @@ void WindowStager::Stop() {
 
 WindowStager::~WindowStager() {
   Stop();
-  thread_.join();
+  (void)thread_.Join();  // (Run keeps no error: a failed window leaves its records to the workers)
   for (Slot& s : slots_) std::free(s.memory);
 }
 
@@ -220,17 +228,22 @@ void WindowStager::Stage(Window win, Slot* slot) {
       staged_ += got;
     }
   };
-  std::vector<std::thread> helpers;
-  helpers.reserve(kReadThreads);
-  for (size_t t = 1; t < kReadThreads && t < runs.size(); ++t) {
-    try {
-      helpers.emplace_back(read_runs, t);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had: fewer reads in flight
-    }
+  // Helpers from base's pool (one per further read in flight); when their
+  // threads cannot be had, fewer reads are in flight (this thread reads on).
+  std::unique_ptr<WorkerPool> helpers;
+  if (runs.size() > 1) {
+    WorkerPool::Options o;
+    o.threads = static_cast<uint32_t>(std::min(kReadThreads, runs.size()) - 1);
+    o.name = "loader reader helper";
+    o.on_start = [](int) { NameThisThread("loader reader"); };
+    Result<std::unique_ptr<WorkerPool>> p = WorkerPool::Start(o, [&](int w) {
+      read_runs(static_cast<size_t>(w) + 1);
+      return Status::Ok();
+    });
+    if (p.ok()) helpers = std::move(*p);
   }
   read_runs(0);
-  for (std::thread& h : helpers) h.join();
+  if (helpers) (void)helpers->Join();  // (read_runs reports nothing: a run it could not read is the workers')
   for (const auto& f : found) slot->entries.insert(slot->entries.end(), f.begin(), f.end());
   std::sort(slot->entries.begin(), slot->entries.end(),
             [](const Entry& a, const Entry& b) { return a.index < b.index; });

@@ -24,11 +24,11 @@
 #include <functional>
 #include <mutex>
 #include <span>
-#include <thread>
 #include <vector>
 
 #include "base/fd.h"
 #include "base/status.h"
+#include "base/thread.h"
 #include "formats/shard.h"
 
 namespace nl {
@@ -110,7 +110,7 @@ class WindowStager {
   };
   std::mutex fd_mu_;
   std::vector<std::pair<int, Twin>> direct_fds_;  // shard descriptor -> its O_DIRECT twin
-  std::thread thread_;
+  Thread thread_;  // base's: the stager's own reader thread
 };
 
 }  // namespace nl
