@@ -411,7 +411,7 @@ int RunExport(const Flags& f) {
   if (!s.ok()) return Fail(s.status());
   nl::Result<std::vector<uint8_t>> png = nl::EncodePng(s->image);
   if (!png.ok()) return Fail(png.status());
-  nl::Status st = nl::WriteFile(f.png_out, png->data(), png->size());
+  nl::Status st = nl::WriteFileAtomically(f.png_out, std::string(png->begin(), png->end()));
   if (!st.ok()) return Fail(st);
   std::printf("wrote %s: %ux%u, label %u\n", f.png_out.c_str(), s->image.width, s->image.height,
               s->label);

@@ -33,4 +33,14 @@ for flag in "--epoch -1" "--seed -1" "--batch -1"; do
 done
 expect_rc 1 "--batch past the epoch" "$L" preview --data "$W/p" --grid "$W/g.png" --batch 99
 expect_text "--batch 99 is past the 19 batches of an epoch" "says how many batches"
+# Previews go through the one atomic writer: a FIFO (or device) is refused,
+# not opened for writing (that waited forever for a reader), and a preview
+# is whole or not there.
+mkfifo "$W/fifo.png"
+expect_rc 1 "--grid onto a FIFO is refused, not waited on" timeout 20 "$L" preview --data "$W/p" --grid "$W/fifo.png"
+expect_text "will not replace $W/fifo.png: it is not a regular file" "naming it"
+expect_rc 1 "pack_tool export onto a FIFO is refused too" timeout 20 "$PT" export "$W/p" --split train --index 0 \
+  --out "$W/fifo.png"
+expect_text "will not replace $W/fifo.png: it is not a regular file" "naming it"
+if ls "$W" | grep -q "\.tmp-"; then fail "a temporary is left: $(ls "$W")"; else ok "and no temporary is left"; fi
 finish

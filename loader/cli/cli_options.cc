@@ -1,7 +1,9 @@
 #include "loader/cli/cli_options.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 
 #include "base/parse_number.h"
@@ -211,7 +213,9 @@ std::string FormatNumber(double v) {
   char buf[40];
   for (int digits = 6; digits <= 17; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-    if (std::strtod(buf, nullptr) == v) break;
+    double back = 0;
+    std::from_chars(buf, buf + std::strlen(buf), back);
+    if (back == v) break;
   }
   return buf;
 }
@@ -220,7 +224,9 @@ std::string FormatNumber(float v) {
   char buf[40];
   for (int digits = 6; digits <= 9; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
-    if (std::strtof(buf, nullptr) == v) break;
+    float back = 0;
+    std::from_chars(buf, buf + std::strlen(buf), back);
+    if (back == v) break;
   }
   return buf;
 }

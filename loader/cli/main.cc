@@ -213,7 +213,7 @@ class ContactSheet {
 
 nl::Status WritePng(const nl::Image& img, const std::string& path) {
   NL_ASSIGN_OR_RETURN(std::vector<uint8_t> png, nl::EncodePng(img, 3));
-  return nl::WriteFile(path, png.data(), png.size());
+  return nl::WriteFileAtomically(path, std::string(png.begin(), png.end()));
 }
 
 // Preview writes the uint8 pixels the model sees, as PNG: the output-format
