@@ -66,5 +66,5 @@ for folder, ok_set in sorted(allowed.items()):
                         "(take it out of the row, or the table says what is not so)")
 for b in breaches:
     print(b)
-print(f"layering: {checked} files checked, {len(breaches)} includes outside docs/DESIGN.md's table")
+print(f"layering: {checked} files checked, {len(breaches)} disagreement(s) with docs/DESIGN.md's table")
 sys.exit(1 if breaches else 0)
