@@ -21,7 +21,7 @@ import numpy as np
 
 from . import Client, LoaderError, _Closes, _whole
 
-__all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "loader_path"]
+__all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "SERVE_RANGES", "loader_path"]
 
 # The options of `loader serve` a Loader passes on: keyword name -> (kind,
 # default). The name is the flag's without "--", "-" as "_"; the default is
@@ -61,14 +61,40 @@ SERVE_OPTIONS = collections.OrderedDict([
     ("no_bind", ("flag", False)),
 ])
 
+# The range `loader serve` takes for each numeric option (an item's, for a
+# list), as its flag's check (--help shows most) or its own check after
+# parsing; a value outside is a ValueError naming this range before a server
+# starts. What ties one option to another (resize_size at least image_size,
+# only with resize="shorter-crop"; three mean and std values) is the server's
+# to refuse, with its words.
+SERVE_RANGES = {
+    "batch_size": (1, 2**20),
+    "prefetch": (1, 1024),
+    "seed": (0, 2**64 - 1),
+    "io_memory": (0, 2**40),
+    "image_size": (1, 8192),
+    "resize_size": (1, 8192),
+    "pad_crop": (0, 1024),
+    "mean": (-1e6, 1e6),
+    "std": (-1e6, 1e6),
+    "threads": (1, 1024),
+    "stall_warning": (0.0, 1e7),
+    "gpus": (0, 1023),
+    "numa_node": (0, 65535),
+    "trainer_cores": (1, 65535),
+}
+
+# The server's ranges for the placement (--rank, --world-size, --local-rank,
+# --local-world-size).
+_MAX_WORLD = 2**20
+_MAX_LOCAL_RANKS = 1024
+
 # What every rank's server must agree on (the rest, threads, binding,
 # read-ahead, is each rank's own).
 _AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
            "drop_last_batch", "on_bad_record", "order", "image_size", "resize", "resize_size", "augment",
            "pad_crop", "random_resized_crop", "no_flip", "decode", "layout", "normalize", "mean",
            "std", "batches_per_epoch", "sample_bytes")
-
-_INT_MAX = 2**31 - 1
 
 
 def loader_path():
@@ -91,27 +117,37 @@ def loader_path():
                       "(the package records the build's, %s, which is missing)" % (path or "none"))
 
 
+_SIZE_UNITS = {"": 0, "B": 0, "K": 10, "KiB": 10, "M": 20, "MiB": 20, "G": 30, "GiB": 30,
+               "T": 40, "TiB": 40}  # as the server's ParseByteSize
+
+
 def _flag_value(name, kind, value):
-    """The command-line text of one option's value, checked: a TypeError or
-    ValueError naming the keyword for what the flag could not take."""
+    """The command-line text of one option's value, checked against its kind and
+    SERVE_RANGES: a TypeError or ValueError naming the keyword for what the flag
+    could not take."""
+    lo, hi = SERVE_RANGES.get(name, (None, None))
     if kind == "flag":
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError("%s must be True or False, not %r" % (name, value))
         return None
     if kind == "int":
-        return str(_whole(name, value, 2**40))
+        return str(_whole(name, value, hi, lo))
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError("%s must be a number, not %r" % (name, value))
-        if not 0 <= value < float("inf"):
-            raise ValueError("%s must be 0 or more, not %r" % (name, value))
+        if not lo <= value <= hi:  # (NaN too)
+            raise ValueError("%s %r is outside %g .. %g" % (name, value, lo, hi))
         return repr(float(value))
     if kind == "size":
         if isinstance(value, str):
-            if not re.fullmatch(r"[0-9]+[KMG]?", value):
-                raise ValueError("%s must be a byte count (K, M, G suffixes), not %r" % (name, value))
+            m = re.fullmatch(r"([0-9]+)([A-Za-z]*)", value)
+            if not m or m.group(2) not in _SIZE_UNITS:
+                raise ValueError("%s must be a byte count (K, M, G, T suffixes), not %r"
+                                 % (name, value))
+            if int(m.group(1)) << _SIZE_UNITS[m.group(2)] > hi:
+                raise ValueError("%s %r is outside %d .. %d bytes" % (name, value, lo, hi))
             return value
-        return str(_whole(name, value, 2**62))
+        return str(_whole(name, value, hi, lo))
     if kind in ("floats", "ints"):
         try:
             items = value.split(",") if isinstance(value, str) else list(value)
@@ -124,14 +160,19 @@ def _flag_value(name, kind, value):
         for v in items:
             try:
                 if kind == "ints":
-                    out.append(str(_whole(name, int(v) if isinstance(v, str) else v, _INT_MAX)))
-                    continue
-                f = float(v)
+                    n = int(v) if isinstance(v, str) else v
+                else:
+                    f = float(v)
             except ValueError:
                 raise ValueError("%s holds %r, not a %s" % (
                     name, v, "whole number" if kind == "ints" else "number")) from None
+            if kind == "ints":
+                out.append(str(_whole(name, n, hi, lo)))
+                continue
             if f != f or f in (float("inf"), float("-inf")):
                 raise ValueError("%s holds %r, not a finite number" % (name, v))
+            if not lo <= f <= hi:
+                raise ValueError("%s holds %r, outside %g .. %g" % (name, v, lo, hi))
             out.append(repr(f))
         return ",".join(out)
     if not isinstance(value, str):
@@ -199,13 +240,13 @@ def _placement(rank, world_size, local_rank, local_world_size):
         local_rank, local_world_size = rank, local_world_size or world_size
     if local_world_size is None:
         local_world_size = world_size
-    rank = _whole("rank", rank, _INT_MAX)
-    world_size = _whole("world_size", world_size, _INT_MAX)
-    local_rank = _whole("local_rank", local_rank, _INT_MAX)
-    local_world_size = _whole("local_world_size", local_world_size, _INT_MAX)
-    if world_size < 1 or rank >= world_size:
+    rank = _whole("rank", rank, _MAX_WORLD - 1)
+    world_size = _whole("world_size", world_size, _MAX_WORLD, 1)
+    local_rank = _whole("local_rank", local_rank, _MAX_LOCAL_RANKS - 1)
+    local_world_size = _whole("local_world_size", local_world_size, _MAX_LOCAL_RANKS, 1)
+    if rank >= world_size:
         raise ValueError("rank %d is not within a world of %d" % (rank, world_size))
-    if local_world_size < 1 or local_rank >= local_world_size:
+    if local_rank >= local_world_size:
         raise ValueError("local rank %d is not within %d local ranks" % (local_rank, local_world_size))
     return rank, world_size, local_rank, local_world_size
 

@@ -128,6 +128,38 @@ class OptionsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "start_timeout_s must be more than 0 and finite, at most 1e"):
             Loader(DATA, start_timeout_s=1e9)
 
+    def test_numeric_keywords_are_held_to_the_servers_ranges(self):
+        # Issue 29 item 10: batch_size=-1 was "outside 0 .. 1099511627776".
+        with self.assertRaisesRegex(ValueError, r"^batch_size -1 is outside 1 \.\. 1048576$"):
+            Loader(DATA, batch_size=-1)
+        ranges = numa_loader.loader.SERVE_RANGES
+        numeric = [n for n, (kind, _) in numa_loader.loader.SERVE_OPTIONS.items()
+                   if kind in ("int", "float", "size", "ints", "floats")]
+        self.assertEqual(sorted(ranges), sorted(numeric), "every numeric keyword has its range")
+        # Where --help shows the flag's range, it is this one.
+        out = subprocess.run([LOADER, "serve", "--help"], capture_output=True, text=True).stdout
+        shown = {m.group(1).replace("-", "_"): (float(m.group(2)), float(m.group(3))) for m in
+                 re.finditer(r"^\s+--([a-z-]+) \S+ in \[(\S+) - (\S+)\]", out, re.M)}
+        for name, (lo, hi) in ranges.items():
+            if name in shown:
+                self.assertEqual((float(lo), float(hi)), shown[name], "--%s's range" % name)
+        # Just outside each range: refused before a server starts, naming the range.
+        for name, (lo, hi) in ranges.items():
+            kind = numa_loader.loader.SERVE_OPTIONS[name][0]
+            for bad in (lo - 1, hi + 1):
+                if kind in ("float", "floats"):
+                    bad = lo - 0.5 if bad < lo else hi * 2
+                value = [bad] if kind in ("ints", "floats") else bad
+                with self.assertRaisesRegex(ValueError, "%s .*outside %s \\.\\. %s" % (
+                        name, re.escape("%g" % lo if kind in ("float", "floats") else str(lo)),
+                        re.escape("%g" % hi if kind in ("float", "floats") else str(hi)))):
+                    Loader(DATA, **{name: value})
+        for name, value, want in (("world_size", 2**20 + 1, "world_size 1048577 is outside 1 .. 1048576"),
+                                  ("local_world_size", 1025, "outside 1 .. 1024"),
+                                  ("local_rank", 1024, "outside 0 .. 1023")):
+            with self.assertRaisesRegex(ValueError, want):
+                Loader(DATA, **{name: value})
+
     def test_the_longest_timeouts_are_taken(self):
         with Loader(DATA, timeout_s=1e7, start_timeout_s=1e7, **SMALL) as loader:
             self.assertEqual(len(list(loader)), 13)
@@ -172,8 +204,8 @@ class OptionsTest(unittest.TestCase):
     def test_a_setting_the_server_refuses_is_raised_with_its_words(self):
         t0 = time.monotonic()
         with self.assertRaisesRegex(LoaderError, "exited with status .* before it served:\n.*"
-                                    "--batch-size"):
-            Loader(DATA, batch_size=0, quiet=True, no_bind=True)
+                                    "--resize-size 40 needs --resize shorter-crop"):
+            Loader(DATA, image_size=32, resize_size=40, quiet=True, no_bind=True)
         self.assertLess(time.monotonic() - t0, 30)
 
 
