@@ -266,18 +266,20 @@ _SEQUENCE = [0]  # Loaders made by this process: part of the derived job id
 _STORES = {}  # (address, port) -> the store a Loader made there, kept for the process's life
 
 
-def _derived_job_id(split, rank, world_size, store, deadline):
+def _derived_job_id(rank, world_size, store, deadline):
     """A job id every rank of this job shares (the ring's name adds the rank) and
     no other job on the node has: from torchrun's run id and restart count, or
     the master address and port; else rank 0's, through the store; a process
-    on its own adds its pid. Each Loader of the process adds its count."""
+    on its own adds its pid. Each Loader of the process adds its count. Only
+    what every rank has in common goes in: a setting that differs (the split)
+    then gives the same id, and the settings' comparison names it."""
     seq = _SEQUENCE[0]
     _SEQUENCE[0] += 1
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
     where = "%s:%s" % (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""))
     named = bool(run) or where != ":"
     base = "|".join([run, os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), where,
-                     "" if named and world_size > 1 else str(os.getpid()), str(seq), split])
+                     "" if named and world_size > 1 else str(os.getpid()), str(seq)])
     mine = "nl-%s-%d" % (hashlib.sha256(base.encode("utf-8", "surrogateescape")).hexdigest()[:16],
                          seq)
     if world_size == 1 or named or store is None:
@@ -355,6 +357,11 @@ def _manifest_id(data):
         raise LoaderError("cannot read %s: %s" % (path, e.strerror or e)) from None
 
 
+def _shown(value):
+    """A setting's value in a message: text as it is (train, not "train")."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _compare(mine, everyone):
     """The settings that differ between ranks, as lines naming each rank's value."""
     lines = []
@@ -362,11 +369,12 @@ def _compare(mine, everyone):
         values = [s.get(key) for s in everyone]
         if all(v == values[0] for v in values):
             continue
-        groups = collections.OrderedDict()
+        groups = collections.OrderedDict()  # the value's JSON -> the ranks that have it
         for r, v in enumerate(values):
-            groups.setdefault(json.dumps(v), []).append(r)
+            groups.setdefault(json.dumps(v, sort_keys=True), []).append(r)
         lines.append("%s: %s" % (key, "; ".join(
-            "rank%s %s has %s" % ("s" if len(rs) > 1 else "", ",".join(map(str, rs)), v)
+            "rank%s %s has %s" % ("s" if len(rs) > 1 else "", ",".join(map(str, rs)),
+                                  _shown(json.loads(v)))
             for v, rs in groups.items())))
     return lines
 
@@ -700,7 +708,7 @@ class Loader(_Closes):
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         self._store, why = _settings_store(self.rank, self.world_size, deadline)
         self.job_id = str(job_id) if job_id is not None else _derived_job_id(
-            split, self.rank, self.world_size, self._store, deadline)
+            self.rank, self.world_size, self._store, deadline)
         try:
             self._start(args, start_timeout_s)
             self._next = (0, 0)  # the server starts there

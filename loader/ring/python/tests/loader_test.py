@@ -499,6 +499,15 @@ class TwoRanksTest(unittest.TestCase):
         self.assertEqual([o.get("error") for o in outs], [None, None])
         self.assertNotEqual(outs[0]["job"], outs[1]["job"])
 
+    def test_a_split_mismatch_is_named_at_once(self):
+        # Issue 29 item 4: the split fed the derived job id, so the ranks
+        # published under different ids and each waited out timeout_s.
+        outs = run_ranks([dict(SMALL, timeout_s=15), dict(SMALL, split="test", timeout_s=15)])
+        for r, out in enumerate(outs):
+            self.assertIn("split: rank 0 has train; rank 1 has test", out.get("error", ""),
+                          "rank %d" % r)
+            self.assertLess(out["seconds"], 10, "rank %d waited for the timeout" % r)
+
     def test_a_mismatch_raises_on_every_rank_naming_the_setting(self):
         t0 = time.monotonic()
         outs = run_ranks([dict(SMALL, timeout_s=60), dict(SMALL, batch_size=8, seed=1,
