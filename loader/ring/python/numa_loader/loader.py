@@ -262,34 +262,46 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-_SEQUENCE = [0]  # Loaders made by this process: part of the derived job id
+_MADE = collections.Counter()  # world size -> Loaders of that world this process made
 _STORES = {}  # (address, port) -> the store a Loader made there, kept for the process's life
 
 
 def _derived_job_id(rank, world_size, store, deadline):
-    """A job id every rank of this job shares (the ring's name adds the rank) and
-    no other job on the node has: from torchrun's run id and restart count, or
-    the master address and port; else rank 0's, through the store; a process
-    on its own adds its pid. Each Loader of the process adds its count. Only
-    what every rank has in common goes in: a setting that differs (the split)
-    then gives the same id, and the settings' comparison names it."""
-    seq = _SEQUENCE[0]
-    _SEQUENCE[0] += 1
+    """(job id, tally key, count): a job id every rank of this job shares (the
+    ring's name adds the rank) and no other job on the node has: from
+    torchrun's run id and restart count, or the master address and port; else
+    rank 0's, through the store; a process on its own adds its pid. Only what
+    every rank has in common goes in (a setting that differs, the split, then
+    gives the same id, and the settings' comparison names it): the world size,
+    and the count of this process's Loaders of that world size, so each rank's
+    n-th Loader of the job pairs with the others' n-th, and a one-rank Loader
+    (rank 0 looking at the data) shifts nothing. The count is also added up in
+    the store under the tally key + rank (None without a store), to say so
+    when the ranks made different numbers of Loaders."""
+    seq = _MADE[world_size]
+    _MADE[world_size] += 1
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
     where = "%s:%s" % (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""))
     named = bool(run) or where != ":"
-    base = "|".join([run, os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), where,
-                     "" if named and world_size > 1 else str(os.getpid()), str(seq)])
-    mine = "nl-%s-%d" % (hashlib.sha256(base.encode("utf-8", "surrogateescape")).hexdigest()[:16],
-                         seq)
+    common = "|".join([run, os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), where,
+                       "" if named and world_size > 1 else str(os.getpid()), str(world_size)])
+    mine = "nl-%s-%d" % (_digest("%s|%d" % (common, seq)), seq)
+    tally = None
+    if store is not None:
+        tally = "numa_loader/%s/loaders/" % _digest(common)
+        store.add(tally + str(rank), 1)
     if world_size == 1 or named or store is None:
-        return mine
+        return mine, tally, seq
     key = "numa_loader/job-id/%d" % seq  # (a process group made without MASTER_*: tcp://, file://)
     if rank == 0:
         _publish(store, key, mine)
-        return mine
+        return mine, tally, seq
     _store_wait(store, [key], deadline, rank, "rank 0's job id")
-    return store.get(key).decode()
+    return store.get(key).decode(), tally, seq
+
+
+def _digest(text):
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _publish(store, key, value):
@@ -662,7 +674,9 @@ class Loader(_Closes):
     value.
 
     job_id: the servers' job id (default: derived from torchrun's run id, or
-    the master address and port, and this process). timeout_s: the longest
+    the master address and port, and the count of this process's Loaders of
+    the same world size: every rank makes the same Loaders in the same
+    order; a world_size=1 Loader counts apart). timeout_s: the longest
     wait for one batch, and for the other ranks' settings. start_timeout_s:
     the longest wait for the server to start. quiet: keep the server's
     lines (its plan, its order) off stderr; errors still carry them.
@@ -707,8 +721,13 @@ class Loader(_Closes):
         # The ranks agree on the job id and compare their settings within timeout_s.
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         self._store, why = _settings_store(self.rank, self.world_size, deadline)
-        self.job_id = str(job_id) if job_id is not None else _derived_job_id(
-            self.rank, self.world_size, self._store, deadline)
+        self._tally = None  # (the store's key of each rank's count of Loaders, this one's count)
+        if job_id is not None:
+            self.job_id = str(job_id)
+        else:
+            self.job_id, tally, seq = _derived_job_id(self.rank, self.world_size, self._store,
+                                                      deadline)
+            self._tally = (tally, seq + 1)
         try:
             self._start(args, start_timeout_s)
             self._next = (0, 0)  # the server starts there
@@ -771,7 +790,10 @@ class Loader(_Closes):
         prefix = tdist.PrefixStore("numa_loader/%s" % self.job_id, self._store)
         _publish(prefix, "settings/%d" % self.rank, json.dumps(self._settings, sort_keys=True))
         keys = ["settings/%d" % r for r in range(self.world_size)]
-        _store_wait(prefix, keys, deadline, self.rank, "every rank's Loader settings")
+        try:
+            _store_wait(prefix, keys, deadline, self.rank, "every rank's Loader settings")
+        except LoaderError as e:
+            raise LoaderError(str(e) + self._other_counts(prefix)) from None
         everyone = [json.loads(prefix.get(k)) for k in keys]
         # Read by all before any goes on: rank 0 may host the store, and a rank
         # that raises may end its process.
@@ -785,6 +807,25 @@ class Loader(_Closes):
         if diff:
             raise LoaderError("rank %d: the ranks' loaders do not agree:\n  %s"
                               % (self.rank, "\n  ".join(diff)))
+
+    def _other_counts(self, prefix):
+        """For a rank whose settings never came: that it made another number of
+        Loaders of this world than this rank (their ids then pair differently)."""
+        key, mine = self._tally if self._tally is not None else (None, 0)
+        if key is None:
+            return ""
+        lines = []
+        for r in range(self.world_size):
+            theirs = self._store.add(key + str(r), 0)
+            if r != self.rank and prefix.add("settings/%d/n" % r, 0) < 1 and 0 < theirs != mine:
+                lines.append("\nrank %d has made %d Loader%s of this job's %d ranks, and rank %d "
+                             "%d" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
+                                     self.rank, mine))
+        if lines:
+            lines.append("\nthe derived job id pairs each rank's n-th Loader with the others' "
+                         "n-th: make the same Loaders, in the same order, on every rank (a "
+                         "Loader of one rank's own: world_size=1), or give each a job_id=")
+        return "".join(lines)
 
     # -- the DataLoader's shape ---------------------------------------------
 

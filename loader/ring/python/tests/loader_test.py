@@ -404,13 +404,23 @@ import torch, torch.distributed as dist
 import numa_loader
 kw = json.loads(sys.argv[1])
 mode = kw.pop("mode", "after")
+look = kw.pop("look", False)  # rank 0 first looks at the data with a one-rank Loader
+second = kw.pop("second", None)  # then a second Loader, of this split, on every rank
+second_ranks = kw.pop("second_ranks", None)  # (or only on these)
 t0 = time.monotonic()
 try:
     if mode == "tcp":  # a process group made with tcp://, no MASTER_* variables
         dist.init_process_group("gloo", init_method=kw.pop("init"), rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
-    l = numa_loader.Loader(kw.pop("data"), **kw)
+    data = kw.pop("data")
+    if look and os.environ["RANK"] == "0":
+        with numa_loader.Loader(data, **dict(kw, rank=0, world_size=1)) as q:
+            next(iter(q))
+    l = numa_loader.Loader(data, **kw)
     out = {"job": l.job_id}
+    if second and (second_ranks is None or int(os.environ["RANK"]) in second_ranks):
+        with numa_loader.Loader(data, **dict(kw, split=second)) as l2:
+            out.update(job2=l2.job_id, indices2=[b.indices.tolist() for b in l2])
     if mode == "then_pg":  # the process group made at once, the Loader alive
         dist.init_process_group("gloo")
     l.set_epoch(1)
@@ -498,6 +508,28 @@ class TwoRanksTest(unittest.TestCase):
         outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
         self.assertEqual([o.get("error") for o in outs], [None, None])
         self.assertNotEqual(outs[0]["job"], outs[1]["job"])
+
+    def test_a_loader_of_rank_0_alone_leaves_the_job_id_and_two_loaders_each_have_one(self):
+        # Issue 29 item 5: rank 0's one-rank Loader counted towards the job id,
+        # so its training Loader waited under another id than rank 1's.
+        outs = run_ranks([dict(SMALL, timeout_s=10, look=True, second="test")] * 2)
+        for r, out in enumerate(outs):
+            self.assertNotIn("error", out, "rank %d" % r)
+        a, b = outs
+        self.assertEqual(a["job"], b["job"])
+        self.assertEqual(a["job2"], b["job2"])
+        self.assertNotEqual(a["job"], a["job2"], "two Loaders in sequence, two ids")
+        self.assertEqual(sorted(sum(a["indices"] + b["indices"], [])), list(range(200)))
+        self.assertEqual(sorted(sum(a["indices2"] + b["indices2"], [])), list(range(10)))
+
+    def test_a_loader_made_by_one_rank_only_is_named(self):
+        t0 = time.monotonic()
+        a, b = run_ranks([dict(SMALL, timeout_s=4, mode="none", second="test", second_ranks=[0])] * 2)
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertNotIn("error", b)
+        self.assertIn("missing: settings/1", a.get("error", ""))
+        self.assertIn("rank 1 has made 1 Loader of this job's 2 ranks, and rank 0 2", a["error"])
+        self.assertIn("make the same Loaders, in the same order, on every rank", a["error"])
 
     def test_a_split_mismatch_is_named_at_once(self):
         # Issue 29 item 4: the split fed the derived job id, so the ranks
