@@ -360,13 +360,30 @@ def _settings_store(rank, world_size, deadline):
     return store, ""
 
 
-def _manifest_id(data):
+def _data_ids(data, split):
+    """(the split's id, the manifest's SHA-256). The split's id is what its
+    samples are: the SHA-256 of the manifest's classes and the split's entry
+    (its shards with their counts and checksums, encoding, shape, sizes),
+    less where it was packed from and what the pack left out (source,
+    skipped), as canonical JSON; another split added to the shard set leaves
+    it as it was. (A manifest or split the server cannot read gets the
+    manifest's hash: the server then refuses it, with its words.)"""
     path = os.path.join(data, "manifest.json")
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            text = f.read()
     except OSError as e:
         raise LoaderError("cannot read %s: %s" % (path, e.strerror or e)) from None
+    whole = hashlib.sha256(text).hexdigest()
+    try:
+        manifest = json.loads(text)
+        entry = {k: v for k, v in manifest["splits"][split].items()
+                 if k not in ("source", "skipped")}
+        what = json.dumps({"classes": manifest["classes"], "split": entry}, sort_keys=True,
+                          separators=(",", ":"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return whole, whole
+    return hashlib.sha256(what.encode("utf-8")).hexdigest(), whole
 
 
 def _shown(value):
@@ -717,7 +734,7 @@ class Loader(_Closes):
         self._state = (0, 0)  # what state_dict() says: the epoch iterated last, its next batch
         self._next = None  # (epoch, batch) the server's stream gives next
         self._iterated = set()  # epochs iterated to the end (to warn of a missing set_epoch)
-        data_id = _manifest_id(self.data)
+        data_id, self._manifest_sha = _data_ids(self.data, split)
         # The ranks agree on the job id and compare their settings within timeout_s.
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         self._store, why = _settings_store(self.rank, self.world_size, deadline)
@@ -916,7 +933,7 @@ class Loader(_Closes):
     def state_dict(self):
         """Where iteration stands: {"epoch", "batch", "batches_per_epoch", "data"}: the
         epoch iterated last and the batch it gives next (batches_per_epoch once it is
-        done). load_state_dict() with it makes that epoch's next iter() go on from there."""
+        done); data names the split's samples (see _data_ids). load_state_dict() with it makes that epoch's next iter() go on from there."""
         return {"epoch": self._state[0], "batch": self._state[1],
                 "batches_per_epoch": len(self), "data": self._settings["data"]}
 
@@ -929,9 +946,13 @@ class Loader(_Closes):
         missing = [k for k in ("epoch", "batch") if k not in state]
         if missing:
             raise ValueError("the state has no %s" % " or ".join(missing))
-        if state.get("data", self._settings["data"]) != self._settings["data"]:
-            raise ValueError("the state was saved on another data set (manifest %s, this one %s)"
-                             % (str(state["data"])[:12], self._settings["data"][:12]))
+        # (A state from before data named the split's samples has the manifest's hash.)
+        if state.get("data", self._settings["data"]) not in (self._settings["data"],
+                                                             self._manifest_sha):
+            raise ValueError("the state was saved on another data set or split (its samples "
+                             "%s; this Loader's split %r of %s: %s)"
+                             % (str(state["data"])[:12], self.options["split"], self.data,
+                                self._settings["data"][:12]))
         saved_n = _whole("the state's batches_per_epoch", state.get("batches_per_epoch", len(self)),
                          2**63)
         if saved_n != len(self):

@@ -311,6 +311,40 @@ class OneRankTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "batch 14 is outside"):
                 again.load_state_dict(dict(state, batch=14))
 
+    def test_a_state_resumes_after_a_split_is_added_to_the_shard_set(self):
+        # Issue 29 item 9: the state keyed on the whole manifest, so adding a
+        # val split refused a train state ("saved on another data set").
+        import shutil
+        grown = os.path.join(WORK, "grown")
+        shutil.copytree(DATA, grown)
+        shutil.copytree(os.path.join(DATA, "test"), os.path.join(grown, "val"))
+        with open(os.path.join(grown, "manifest.json")) as f:
+            manifest = json.load(f)
+        val = json.loads(json.dumps(manifest["splits"]["test"]))
+        for shard in val["shards"]:
+            shard["path"] = shard["path"].replace("test/", "val/")
+        manifest["splits"]["val"] = val
+        with open(os.path.join(grown, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        with Loader(DATA, seed=5, **SMALL) as loader:
+            it = iter(loader)
+            next(it)
+            state = loader.state_dict()
+            rest = [b.indices.tolist() for b in it]
+        with Loader(grown, seed=5, **SMALL) as again:
+            again.load_state_dict(state)
+            self.assertEqual([b.indices.tolist() for b in again], rest)
+        # Another split's samples are still refused.
+        with Loader(grown, "val", seed=5, **SMALL) as other:
+            with self.assertRaisesRegex(ValueError, "saved on another data set or split"):
+                other.load_state_dict(state)
+        # A state saved before (data: the manifest's SHA-256) loads on that manifest.
+        import hashlib
+        with open(os.path.join(DATA, "manifest.json"), "rb") as f:
+            older = dict(state, data=hashlib.sha256(f.read()).hexdigest())
+        with Loader(DATA, seed=5, **SMALL) as same:
+            same.load_state_dict(older)
+
     def test_close_and_the_with_block_stop_the_server(self):
         loader = Loader(DATA, **SMALL)
         pid = loader._proc.pid
