@@ -90,11 +90,20 @@ _MAX_WORLD = 2**20
 _MAX_LOCAL_RANKS = 1024
 
 # What every rank's server must agree on (the rest, threads, binding,
-# read-ahead, is each rank's own).
+# read-ahead, is each rank's own; but the blocks an io_memory gives are not).
 _AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
-           "drop_last_batch", "on_bad_record", "order", "image_size", "resize", "resize_size", "augment",
-           "pad_crop", "random_resized_crop", "no_flip", "decode", "layout", "normalize", "mean",
-           "std", "batches_per_epoch", "sample_bytes")
+           "drop_last_batch", "on_bad_record", "order", "block_samples", "window_blocks",
+           "image_size", "resize", "resize_size", "augment", "pad_crop", "random_resized_crop",
+           "no_flip", "decode", "layout", "normalize", "mean", "std", "batches_per_epoch",
+           "sample_bytes")
+
+# What shapes an epoch's sequence of samples, which a state records and a
+# resume must have: the order as the server resolved it (with blocks, their
+# size and the window, which io_memory and the split's sizes set), then the
+# sampler's settings.
+_ORDER = ("order", "block_samples", "window_blocks")
+_SEQUENCE = _ORDER + ("seed", "no_shuffle", "drop_last", "drop_last_batch", "batch_size",
+                      "world_size")
 
 
 def loader_path():
@@ -583,6 +592,28 @@ class LoaderBatch(tuple):
         return "LoaderBatch(epoch=%d, batch=%d, size=%d)" % (self.epoch, self.batch, len(self[1]))
 
 
+def _read_plan(line):
+    """The order a server's read-plan line gives, "...: order blocks (--order
+    blocks); blocks of 4064 samples (15.9 MiB), 512 a window; ...", as
+    {"order", "block_samples", "window_blocks"} (None for random's blocks);
+    None for another line."""
+    m = re.search(r": order (random|blocks) \(", line)
+    if not m:
+        return None
+    blocks = re.search(r"; blocks of (\d+) samples \([^)]*\), (\d+) a window", line)
+    return {"order": m.group(1),
+            "block_samples": int(blocks.group(1)) if blocks else None,
+            "window_blocks": int(blocks.group(2)) if blocks else None}
+
+
+def _order_text(settings):
+    """random, or blocks (blocks of 4064 samples, 512 a window)."""
+    if settings.get("order") != "blocks":
+        return str(settings.get("order"))
+    return "blocks (blocks of %s samples, %s a window)" % (settings.get("block_samples"),
+                                                          settings.get("window_blocks"))
+
+
 class _ServerLog:
     """Reads the server's stderr on a thread: echoes each line to ours (unless
     quiet) and keeps the last lines for error messages."""
@@ -600,11 +631,10 @@ class _ServerLog:
     def _run(self, stream):
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            m = re.search(r": order (random|blocks) \(", line)
             with self._cv:
                 self.lines.append(line)
-                if m and self.order is None:
-                    self.order = m.group(1)
+                if self.order is None:
+                    self.order = _read_plan(line)
                 self._cv.notify_all()
             if not self._quiet:
                 try:
@@ -617,9 +647,11 @@ class _ServerLog:
         stream.close()
 
     def wait_order(self, timeout_s):
+        """The server's order, as _read_plan gives it (its values None if the
+        line did not come)."""
         with self._cv:
             self._cv.wait_for(lambda: self.order is not None or self._closed, timeout_s)
-            return self.order
+            return self.order or dict.fromkeys(_ORDER)
 
     def tail(self, n=8):
         with self._cv:
@@ -682,11 +714,12 @@ class Loader(_Closes):
     .indices, .epoch, .batch. x and y are the caller's own tensors (copied
     out of the ring, pinned with pin_memory=True): keep them, change them in
     place, nothing reaches the ring. state_dict()/load_state_dict() resume
-    mid-epoch: the next iter() starts at the saved batch.
+    mid-epoch: the next iter() starts at the saved batch (a state whose
+    sequence of samples differs, its order, blocks, seed, ..., is refused).
 
     Before the first batch the ranks compare their settings (data set,
-    split, batch size, seed, world size, transform, order) through the
-    process group's store, or one at MASTER_ADDR:MASTER_PORT; a mismatch
+    split, batch size, seed, world size, transform, order and its blocks)
+    through the process group's store, or one at MASTER_ADDR:MASTER_PORT; a mismatch
     raises LoaderError on every rank, naming each setting and each rank's
     value.
 
@@ -753,7 +786,7 @@ class Loader(_Closes):
                 {k: opts[k] for k in _AGREED if k in opts},
                 data=data_id, world_size=self.world_size, batches_per_epoch=info.batches_per_epoch,
                 sample_bytes=info.sample_bytes,
-                order=self._log.wait_order(30 if self.timeout_s is None else self.timeout_s))
+                **self._log.wait_order(30 if self.timeout_s is None else self.timeout_s))
             if self._store is None:
                 if self.world_size > 1:
                     warnings.warn("numa_loader.Loader: the ranks' settings were not compared: "
@@ -931,15 +964,24 @@ class Loader(_Closes):
     _getpid = staticmethod(os.getpid)  # (module globals may be gone when a finalizer runs at exit)
 
     def state_dict(self):
-        """Where iteration stands: {"epoch", "batch", "batches_per_epoch", "data"}: the
-        epoch iterated last and the batch it gives next (batches_per_epoch once it is
-        done); data names the split's samples (see _data_ids). load_state_dict() with it makes that epoch's next iter() go on from there."""
-        return {"epoch": self._state[0], "batch": self._state[1],
-                "batches_per_epoch": len(self), "data": self._settings["data"]}
+        """Where iteration stands: {"epoch", "batch", "batches_per_epoch", "data", ...}:
+        the epoch iterated last and the batch it gives next (batches_per_epoch once it
+        is done); data names the split's samples (see _data_ids); and what shapes the
+        epoch's sequence of samples: "order" as the server resolved it ("random" or
+        "blocks", with "block_samples" and "window_blocks"), "seed", "no_shuffle",
+        "drop_last", "drop_last_batch", "batch_size", "world_size". load_state_dict()
+        with it makes that epoch's next iter() go on from there."""
+        state = {"epoch": self._state[0], "batch": self._state[1],
+                 "batches_per_epoch": len(self), "data": self._settings["data"]}
+        state.update((k, self._settings[k]) for k in _SEQUENCE)
+        return state
 
     def load_state_dict(self, state):
         """The next iter() of the saved epoch gives the rest of it (set_epoch() of that
-        epoch keeps this; the epoch is set to it)."""
+        epoch keeps this; the epoch is set to it). A state of another split's samples,
+        or whose sequence of samples differs from this Loader's (its order, blocks, seed,
+        ...; see state_dict), is refused with a ValueError naming each difference (a
+        state saved before these were recorded is not checked for them)."""
         if not isinstance(state, dict):
             raise TypeError("load_state_dict takes the dict state_dict() returns, not %r"
                             % type(state).__name__)
@@ -953,6 +995,10 @@ class Loader(_Closes):
                              "%s; this Loader's split %r of %s: %s)"
                              % (str(state["data"])[:12], self.options["split"], self.data,
                                 self._settings["data"][:12]))
+        changed = self._sequence_changes(state)
+        if changed:
+            raise ValueError("the state was saved with another sequence of samples:\n  "
+                             + "\n  ".join(changed))
         saved_n = _whole("the state's batches_per_epoch", state.get("batches_per_epoch", len(self)),
                          2**63)
         if saved_n != len(self):
@@ -963,6 +1009,20 @@ class Loader(_Closes):
         batch = _whole("the state's batch", state["batch"], len(self))
         self._epoch = epoch
         self._resume = self._state = (epoch, batch)
+
+    def _sequence_changes(self, state):
+        """What of the sequence of samples the state was saved with differs from this
+        Loader's, one line a setting (the order with its blocks as one)."""
+        mine = self._settings
+        lines = []
+        if "order" in state and any(state.get(k) != mine[k] for k in _ORDER):
+            lines.append("order: the state was saved with %s; this Loader reads %s"
+                         % (_order_text(state), _order_text(mine)))
+        for k in _SEQUENCE:
+            if k not in _ORDER and k in state and state[k] != mine[k]:
+                lines.append("%s: the state was saved with %s; this Loader has %s"
+                             % (k, _shown(state[k]), _shown(mine[k])))
+        return lines
 
     # -- lifetime -------------------------------------------------------------
 

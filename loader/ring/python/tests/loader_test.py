@@ -311,6 +311,43 @@ class OneRankTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "batch 14 is outside"):
                 again.load_state_dict(dict(state, batch=14))
 
+    def test_a_state_from_another_sequence_of_samples_is_refused(self):
+        # Issue 29 item 2: a state of order="random" loaded into order="blocks"
+        # was taken, and the resumed epoch repeated and missed samples.
+        def saved(**kw):
+            with Loader(DATA, **dict(SMALL, **kw)) as loader:
+                it = iter(loader)
+                next(it)
+                return json.loads(json.dumps(loader.state_dict()))
+        blocks = r"blocks \(blocks of (\d+) samples, (\d+) a window\)"
+        random_state = saved(order="random", seed=5)
+        with Loader(DATA, order="blocks", io_memory="64M", seed=5, **SMALL) as loader:
+            with self.assertRaisesRegex(ValueError, "order: the state was saved with random; "
+                                        "this Loader reads " + blocks):
+                loader.load_state_dict(random_state)
+            blocks_state = json.loads(json.dumps(loader.state_dict()))
+            loader.load_state_dict(blocks_state)  # its own
+        # The same order with other blocks (another io_memory) is another sequence.
+        with Loader(DATA, order="blocks", io_memory="4M", seed=5, **SMALL) as loader:
+            with self.assertRaises(ValueError) as cm:
+                loader.load_state_dict(blocks_state)
+            m = re.search("order: the state was saved with %s; this Loader reads %s"
+                          % (blocks, blocks), str(cm.exception))
+            self.assertTrue(m, str(cm.exception))
+            self.assertNotEqual(m.group(1, 2), m.group(3, 4))
+        # Each setting that shapes the sequence is named.
+        with Loader(DATA, order="random", seed=6, no_shuffle=True, drop_last_batch=True,
+                    **dict(SMALL, batch_size=15)) as loader:
+            self.assertEqual(len(loader), 13)  # as many batches as the saved 16's
+            with self.assertRaises(ValueError) as cm:
+                loader.load_state_dict(random_state)
+            for line in ("seed: the state was saved with 5; this Loader has 6",
+                         "no_shuffle: the state was saved with false; this Loader has true",
+                         "drop_last_batch: the state was saved with false; this Loader has true",
+                         "batch_size: the state was saved with 16; this Loader has 15"):
+                self.assertIn(line, str(cm.exception))
+            self.assertNotIn("order", str(cm.exception))
+
     def test_a_state_resumes_after_a_split_is_added_to_the_shard_set(self):
         # Issue 29 item 9: the state keyed on the whole manifest, so adding a
         # val split refused a train state ("saved on another data set").
@@ -558,12 +595,21 @@ class TwoRanksTest(unittest.TestCase):
 
     def test_a_loader_made_by_one_rank_only_is_named(self):
         t0 = time.monotonic()
-        a, b = run_ranks([dict(SMALL, timeout_s=4, mode="none", second="test", second_ranks=[0])] * 2)
+        a, b = run_ranks([dict(SMALL, timeout_s=4, mode="none", second="test",
+                               second_ranks=[0])] * 2)
         self.assertLess(time.monotonic() - t0, 30)
         self.assertNotIn("error", b)
         self.assertIn("missing: settings/1", a.get("error", ""))
         self.assertIn("rank 1 has made 1 Loader of this job's 2 ranks, and rank 0 2", a["error"])
         self.assertIn("make the same Loaders, in the same order, on every rank", a["error"])
+
+    def test_blocks_of_another_size_are_named(self):
+        # Each rank's io_memory sets its blocks, and the ranks' shares of the
+        # epoch are cut from one sequence of blocks: they must agree.
+        outs = run_ranks([dict(SMALL, order="blocks", io_memory=io, timeout_s=15)
+                          for io in ("64M", "4M")])
+        for out in outs:
+            self.assertRegex(out.get("error", ""), r"block_samples: rank 0 has \d+; rank 1 has 1\n")
 
     def test_a_split_mismatch_is_named_at_once(self):
         # Issue 29 item 4: the split fed the derived job id, so the ranks
