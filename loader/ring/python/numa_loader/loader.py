@@ -866,8 +866,10 @@ class Loader(_Closes):
             return ""
         lines = []
         for r in range(self.world_size):
+            if r == self.rank or prefix.add("settings/%d/n" % r, 0) > 0:
+                continue
             theirs = self._store.add(key + str(r), 0)
-            if r != self.rank and prefix.add("settings/%d/n" % r, 0) < 1 and 0 < theirs != mine:
+            if 0 < theirs != mine:
                 lines.append("\nrank %d has made %d Loader%s of this job's %d ranks, and rank %d "
                              "%d" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
                                      self.rank, mine))
