@@ -404,8 +404,8 @@ class Batch:
             ", released" if self._released else "")
 
 
-def _whole(name, value, hi):
-    """`value` as an int in 0 .. hi: a TypeError for what is not a whole number
+def _whole(name, value, hi, lo=0):
+    """`value` as an int in lo .. hi: a TypeError for what is not a whole number
     (a float, a bool, a string), a ValueError outside the range (ctypes would
     cut 2**32 to 0 and 1.7 to 1 without a word)."""
     if isinstance(value, bool):
@@ -415,8 +415,8 @@ def _whole(name, value, hi):
     except TypeError:
         hint = " (a string: convert it with int())" if isinstance(value, str) else ""
         raise TypeError("%s must be a whole number, not %r%s" % (name, value, hint)) from None
-    if not 0 <= v <= hi:
-        raise ValueError("%s %d is outside 0 .. %d" % (name, v, hi))
+    if not lo <= v <= hi:
+        raise ValueError("%s %d is outside %d .. %d" % (name, v, lo, hi))
     return v
 
 

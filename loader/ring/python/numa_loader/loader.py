@@ -21,7 +21,7 @@ import numpy as np
 
 from . import Client, LoaderError, _Closes, _whole
 
-__all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "loader_path"]
+__all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "SERVE_RANGES", "loader_path"]
 
 # The options of `loader serve` a Loader passes on: keyword name -> (kind,
 # default). The name is the flag's without "--", "-" as "_"; the default is
@@ -61,14 +61,49 @@ SERVE_OPTIONS = collections.OrderedDict([
     ("no_bind", ("flag", False)),
 ])
 
-# What every rank's server must agree on (the rest, threads, binding,
-# read-ahead, is each rank's own).
-_AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
-           "drop_last_batch", "on_bad_record", "order", "image_size", "resize", "resize_size", "augment",
-           "pad_crop", "random_resized_crop", "no_flip", "decode", "layout", "normalize", "mean",
-           "std", "batches_per_epoch", "sample_bytes")
+# The range `loader serve` takes for each numeric option (an item's, for a
+# list), as its flag's check (--help shows most) or its own check after
+# parsing; a value outside is a ValueError naming this range before a server
+# starts. What ties one option to another (resize_size at least image_size,
+# only with resize="shorter-crop"; three mean and std values) is the server's
+# to refuse, with its words.
+SERVE_RANGES = {
+    "batch_size": (1, 2**20),
+    "prefetch": (1, 1024),
+    "seed": (0, 2**64 - 1),
+    "io_memory": (0, 2**40),
+    "image_size": (1, 8192),
+    "resize_size": (1, 8192),
+    "pad_crop": (0, 1024),
+    "mean": (-1e6, 1e6),
+    "std": (-1e6, 1e6),
+    "threads": (1, 1024),
+    "stall_warning": (0.0, 1e7),
+    "gpus": (0, 1023),
+    "numa_node": (0, 65535),
+    "trainer_cores": (1, 65535),
+}
 
-_INT_MAX = 2**31 - 1
+# The server's ranges for the placement (--rank, --world-size, --local-rank,
+# --local-world-size).
+_MAX_WORLD = 2**20
+_MAX_LOCAL_RANKS = 1024
+
+# What every rank's server must agree on (the rest, threads, binding,
+# read-ahead, is each rank's own; but the blocks an io_memory gives are not).
+_AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
+           "drop_last_batch", "on_bad_record", "order", "block_samples", "window_blocks",
+           "image_size", "resize", "resize_size", "augment", "pad_crop", "random_resized_crop",
+           "no_flip", "decode", "layout", "normalize", "mean", "std", "batches_per_epoch",
+           "sample_bytes")
+
+# What shapes an epoch's sequence of samples, which a state records and a
+# resume must have: the order as the server resolved it (with blocks, their
+# size and the window, which io_memory and the split's sizes set), then the
+# sampler's settings.
+_ORDER = ("order", "block_samples", "window_blocks")
+_SEQUENCE = _ORDER + ("seed", "no_shuffle", "drop_last", "drop_last_batch", "batch_size",
+                      "world_size")
 
 
 def loader_path():
@@ -91,27 +126,37 @@ def loader_path():
                       "(the package records the build's, %s, which is missing)" % (path or "none"))
 
 
+_SIZE_UNITS = {"": 0, "B": 0, "K": 10, "KiB": 10, "M": 20, "MiB": 20, "G": 30, "GiB": 30,
+               "T": 40, "TiB": 40}  # as the server's ParseByteSize
+
+
 def _flag_value(name, kind, value):
-    """The command-line text of one option's value, checked: a TypeError or
-    ValueError naming the keyword for what the flag could not take."""
+    """The command-line text of one option's value, checked against its kind and
+    SERVE_RANGES: a TypeError or ValueError naming the keyword for what the flag
+    could not take."""
+    lo, hi = SERVE_RANGES.get(name, (None, None))
     if kind == "flag":
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError("%s must be True or False, not %r" % (name, value))
         return None
     if kind == "int":
-        return str(_whole(name, value, 2**40))
+        return str(_whole(name, value, hi, lo))
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError("%s must be a number, not %r" % (name, value))
-        if not 0 <= value < float("inf"):
-            raise ValueError("%s must be 0 or more, not %r" % (name, value))
+        if not lo <= value <= hi:  # (NaN too)
+            raise ValueError("%s %r is outside %g .. %g" % (name, value, lo, hi))
         return repr(float(value))
     if kind == "size":
         if isinstance(value, str):
-            if not re.fullmatch(r"[0-9]+[KMG]?", value):
-                raise ValueError("%s must be a byte count (K, M, G suffixes), not %r" % (name, value))
+            m = re.fullmatch(r"([0-9]+)([A-Za-z]*)", value)
+            if not m or m.group(2) not in _SIZE_UNITS:
+                raise ValueError("%s must be a byte count (K, M, G, T suffixes), not %r"
+                                 % (name, value))
+            if int(m.group(1)) << _SIZE_UNITS[m.group(2)] > hi:
+                raise ValueError("%s %r is outside %d .. %d bytes" % (name, value, lo, hi))
             return value
-        return str(_whole(name, value, 2**62))
+        return str(_whole(name, value, hi, lo))
     if kind in ("floats", "ints"):
         try:
             items = value.split(",") if isinstance(value, str) else list(value)
@@ -124,14 +169,19 @@ def _flag_value(name, kind, value):
         for v in items:
             try:
                 if kind == "ints":
-                    out.append(str(_whole(name, int(v) if isinstance(v, str) else v, _INT_MAX)))
-                    continue
-                f = float(v)
+                    n = int(v) if isinstance(v, str) else v
+                else:
+                    f = float(v)
             except ValueError:
                 raise ValueError("%s holds %r, not a %s" % (
                     name, v, "whole number" if kind == "ints" else "number")) from None
+            if kind == "ints":
+                out.append(str(_whole(name, n, hi, lo)))
+                continue
             if f != f or f in (float("inf"), float("-inf")):
                 raise ValueError("%s holds %r, not a finite number" % (name, v))
+            if not lo <= f <= hi:
+                raise ValueError("%s holds %r, outside %g .. %g" % (name, v, lo, hi))
             out.append(repr(f))
         return ",".join(out)
     if not isinstance(value, str):
@@ -199,13 +249,13 @@ def _placement(rank, world_size, local_rank, local_world_size):
         local_rank, local_world_size = rank, local_world_size or world_size
     if local_world_size is None:
         local_world_size = world_size
-    rank = _whole("rank", rank, _INT_MAX)
-    world_size = _whole("world_size", world_size, _INT_MAX)
-    local_rank = _whole("local_rank", local_rank, _INT_MAX)
-    local_world_size = _whole("local_world_size", local_world_size, _INT_MAX)
-    if world_size < 1 or rank >= world_size:
+    rank = _whole("rank", rank, _MAX_WORLD - 1)
+    world_size = _whole("world_size", world_size, _MAX_WORLD, 1)
+    local_rank = _whole("local_rank", local_rank, _MAX_LOCAL_RANKS - 1)
+    local_world_size = _whole("local_world_size", local_world_size, _MAX_LOCAL_RANKS, 1)
+    if rank >= world_size:
         raise ValueError("rank %d is not within a world of %d" % (rank, world_size))
-    if local_world_size < 1 or local_rank >= local_world_size:
+    if local_rank >= local_world_size:
         raise ValueError("local rank %d is not within %d local ranks" % (local_rank, local_world_size))
     return rank, world_size, local_rank, local_world_size
 
@@ -221,32 +271,46 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-_SEQUENCE = [0]  # Loaders made by this process: part of the derived job id
+_MADE = collections.Counter()  # world size -> Loaders of that world this process made
 _STORES = {}  # (address, port) -> the store a Loader made there, kept for the process's life
 
 
-def _derived_job_id(split, rank, world_size, store, deadline):
-    """A job id every rank of this job shares (the ring's name adds the rank) and
-    no other job on the node has: from torchrun's run id and restart count, or
-    the master address and port; else rank 0's, through the store; a process
-    on its own adds its pid. Each Loader of the process adds its count."""
-    seq = _SEQUENCE[0]
-    _SEQUENCE[0] += 1
+def _derived_job_id(rank, world_size, store, deadline):
+    """(job id, tally key, count): a job id every rank of this job shares (the
+    ring's name adds the rank) and no other job on the node has: from
+    torchrun's run id and restart count, or the master address and port; else
+    rank 0's, through the store; a process on its own adds its pid. Only what
+    every rank has in common goes in (a setting that differs, the split, then
+    gives the same id, and the settings' comparison names it): the world size,
+    and the count of this process's Loaders of that world size, so each rank's
+    n-th Loader of the job pairs with the others' n-th, and a one-rank Loader
+    (rank 0 looking at the data) shifts nothing. The count is also added up in
+    the store under the tally key + rank (None without a store), to say so
+    when the ranks made different numbers of Loaders."""
+    seq = _MADE[world_size]
+    _MADE[world_size] += 1
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
     where = "%s:%s" % (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""))
     named = bool(run) or where != ":"
-    base = "|".join([run, os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), where,
-                     "" if named and world_size > 1 else str(os.getpid()), str(seq), split])
-    mine = "nl-%s-%d" % (hashlib.sha256(base.encode("utf-8", "surrogateescape")).hexdigest()[:16],
-                         seq)
+    common = "|".join([run, os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), where,
+                       "" if named and world_size > 1 else str(os.getpid()), str(world_size)])
+    mine = "nl-%s-%d" % (_digest("%s|%d" % (common, seq)), seq)
+    tally = None
+    if store is not None:
+        tally = "numa_loader/%s/loaders/" % _digest(common)
+        store.add(tally + str(rank), 1)
     if world_size == 1 or named or store is None:
-        return mine
+        return mine, tally, seq
     key = "numa_loader/job-id/%d" % seq  # (a process group made without MASTER_*: tcp://, file://)
     if rank == 0:
         _publish(store, key, mine)
-        return mine
+        return mine, tally, seq
     _store_wait(store, [key], deadline, rank, "rank 0's job id")
-    return store.get(key).decode()
+    return store.get(key).decode(), tally, seq
+
+
+def _digest(text):
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _publish(store, key, value):
@@ -305,13 +369,35 @@ def _settings_store(rank, world_size, deadline):
     return store, ""
 
 
-def _manifest_id(data):
+def _data_ids(data, split):
+    """(the split's id, the manifest's SHA-256). The split's id is what its
+    samples are: the SHA-256 of the manifest's classes and the split's entry
+    (its shards with their counts and checksums, encoding, shape, sizes),
+    less where it was packed from and what the pack left out (source,
+    skipped), as canonical JSON; another split added to the shard set leaves
+    it as it was. (A manifest or split the server cannot read gets the
+    manifest's hash: the server then refuses it, with its words.)"""
     path = os.path.join(data, "manifest.json")
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            text = f.read()
     except OSError as e:
         raise LoaderError("cannot read %s: %s" % (path, e.strerror or e)) from None
+    whole = hashlib.sha256(text).hexdigest()
+    try:
+        manifest = json.loads(text)
+        entry = {k: v for k, v in manifest["splits"][split].items()
+                 if k not in ("source", "skipped")}
+        what = json.dumps({"classes": manifest["classes"], "split": entry}, sort_keys=True,
+                          separators=(",", ":"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return whole, whole
+    return hashlib.sha256(what.encode("utf-8")).hexdigest(), whole
+
+
+def _shown(value):
+    """A setting's value in a message: text as it is (train, not "train")."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _compare(mine, everyone):
@@ -321,11 +407,12 @@ def _compare(mine, everyone):
         values = [s.get(key) for s in everyone]
         if all(v == values[0] for v in values):
             continue
-        groups = collections.OrderedDict()
+        groups = collections.OrderedDict()  # the value's JSON -> the ranks that have it
         for r, v in enumerate(values):
-            groups.setdefault(json.dumps(v), []).append(r)
+            groups.setdefault(json.dumps(v, sort_keys=True), []).append(r)
         lines.append("%s: %s" % (key, "; ".join(
-            "rank%s %s has %s" % ("s" if len(rs) > 1 else "", ",".join(map(str, rs)), v)
+            "rank%s %s has %s" % ("s" if len(rs) > 1 else "", ",".join(map(str, rs)),
+                                  _shown(json.loads(v)))
             for v, rs in groups.items())))
     return lines
 
@@ -505,6 +592,28 @@ class LoaderBatch(tuple):
         return "LoaderBatch(epoch=%d, batch=%d, size=%d)" % (self.epoch, self.batch, len(self[1]))
 
 
+def _read_plan(line):
+    """The order a server's read-plan line gives, "...: order blocks (--order
+    blocks); blocks of 4064 samples (15.9 MiB), 512 a window; ...", as
+    {"order", "block_samples", "window_blocks"} (None for random's blocks);
+    None for another line."""
+    m = re.search(r": order (random|blocks) \(", line)
+    if not m:
+        return None
+    blocks = re.search(r"; blocks of (\d+) samples \([^)]*\), (\d+) a window", line)
+    return {"order": m.group(1),
+            "block_samples": int(blocks.group(1)) if blocks else None,
+            "window_blocks": int(blocks.group(2)) if blocks else None}
+
+
+def _order_text(settings):
+    """random, or blocks (blocks of 4064 samples, 512 a window)."""
+    if settings.get("order") != "blocks":
+        return str(settings.get("order"))
+    return "blocks (blocks of %s samples, %s a window)" % (settings.get("block_samples"),
+                                                          settings.get("window_blocks"))
+
+
 class _ServerLog:
     """Reads the server's stderr on a thread: echoes each line to ours (unless
     quiet) and keeps the last lines for error messages."""
@@ -522,11 +631,10 @@ class _ServerLog:
     def _run(self, stream):
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            m = re.search(r": order (random|blocks) \(", line)
             with self._cv:
                 self.lines.append(line)
-                if m and self.order is None:
-                    self.order = m.group(1)
+                if self.order is None:
+                    self.order = _read_plan(line)
                 self._cv.notify_all()
             if not self._quiet:
                 try:
@@ -539,9 +647,11 @@ class _ServerLog:
         stream.close()
 
     def wait_order(self, timeout_s):
+        """The server's order, as _read_plan gives it (its values None if the
+        line did not come)."""
         with self._cv:
             self._cv.wait_for(lambda: self.order is not None or self._closed, timeout_s)
-            return self.order
+            return self.order or dict.fromkeys(_ORDER)
 
     def tail(self, n=8):
         with self._cv:
@@ -604,16 +714,19 @@ class Loader(_Closes):
     .indices, .epoch, .batch. x and y are the caller's own tensors (copied
     out of the ring, pinned with pin_memory=True): keep them, change them in
     place, nothing reaches the ring. state_dict()/load_state_dict() resume
-    mid-epoch: the next iter() starts at the saved batch.
+    mid-epoch: the next iter() starts at the saved batch (a state whose
+    sequence of samples differs, its order, blocks, seed, ..., is refused).
 
     Before the first batch the ranks compare their settings (data set,
-    split, batch size, seed, world size, transform, order) through the
-    process group's store, or one at MASTER_ADDR:MASTER_PORT; a mismatch
+    split, batch size, seed, world size, transform, order and its blocks)
+    through the process group's store, or one at MASTER_ADDR:MASTER_PORT; a mismatch
     raises LoaderError on every rank, naming each setting and each rank's
     value.
 
     job_id: the servers' job id (default: derived from torchrun's run id, or
-    the master address and port, and this process). timeout_s: the longest
+    the master address and port, and the count of this process's Loaders of
+    the same world size: every rank makes the same Loaders in the same
+    order; a world_size=1 Loader counts apart). timeout_s: the longest
     wait for one batch, and for the other ranks' settings. start_timeout_s:
     the longest wait for the server to start. quiet: keep the server's
     lines (its plan, its order) off stderr; errors still carry them.
@@ -654,12 +767,17 @@ class Loader(_Closes):
         self._state = (0, 0)  # what state_dict() says: the epoch iterated last, its next batch
         self._next = None  # (epoch, batch) the server's stream gives next
         self._iterated = set()  # epochs iterated to the end (to warn of a missing set_epoch)
-        data_id = _manifest_id(self.data)
+        data_id, self._manifest_sha = _data_ids(self.data, split)
         # The ranks agree on the job id and compare their settings within timeout_s.
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         self._store, why = _settings_store(self.rank, self.world_size, deadline)
-        self.job_id = str(job_id) if job_id is not None else _derived_job_id(
-            split, self.rank, self.world_size, self._store, deadline)
+        self._tally = None  # (the store's key of each rank's count of Loaders, this one's count)
+        if job_id is not None:
+            self.job_id = str(job_id)
+        else:
+            self.job_id, tally, seq = _derived_job_id(self.rank, self.world_size, self._store,
+                                                      deadline)
+            self._tally = (tally, seq + 1)
         try:
             self._start(args, start_timeout_s)
             self._next = (0, 0)  # the server starts there
@@ -668,7 +786,7 @@ class Loader(_Closes):
                 {k: opts[k] for k in _AGREED if k in opts},
                 data=data_id, world_size=self.world_size, batches_per_epoch=info.batches_per_epoch,
                 sample_bytes=info.sample_bytes,
-                order=self._log.wait_order(30 if self.timeout_s is None else self.timeout_s))
+                **self._log.wait_order(30 if self.timeout_s is None else self.timeout_s))
             if self._store is None:
                 if self.world_size > 1:
                     warnings.warn("numa_loader.Loader: the ranks' settings were not compared: "
@@ -722,7 +840,10 @@ class Loader(_Closes):
         prefix = tdist.PrefixStore("numa_loader/%s" % self.job_id, self._store)
         _publish(prefix, "settings/%d" % self.rank, json.dumps(self._settings, sort_keys=True))
         keys = ["settings/%d" % r for r in range(self.world_size)]
-        _store_wait(prefix, keys, deadline, self.rank, "every rank's Loader settings")
+        try:
+            _store_wait(prefix, keys, deadline, self.rank, "every rank's Loader settings")
+        except LoaderError as e:
+            raise LoaderError(str(e) + self._other_counts(prefix)) from None
         everyone = [json.loads(prefix.get(k)) for k in keys]
         # Read by all before any goes on: rank 0 may host the store, and a rank
         # that raises may end its process.
@@ -736,6 +857,27 @@ class Loader(_Closes):
         if diff:
             raise LoaderError("rank %d: the ranks' loaders do not agree:\n  %s"
                               % (self.rank, "\n  ".join(diff)))
+
+    def _other_counts(self, prefix):
+        """For a rank whose settings never came: that it made another number of
+        Loaders of this world than this rank (their ids then pair differently)."""
+        key, mine = self._tally if self._tally is not None else (None, 0)
+        if key is None:
+            return ""
+        lines = []
+        for r in range(self.world_size):
+            if r == self.rank or prefix.add("settings/%d/n" % r, 0) > 0:
+                continue
+            theirs = self._store.add(key + str(r), 0)
+            if 0 < theirs != mine:
+                lines.append("\nrank %d has made %d Loader%s of this job's %d ranks, and rank %d "
+                             "%d" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
+                                     self.rank, mine))
+        if lines:
+            lines.append("\nthe derived job id pairs each rank's n-th Loader with the others' "
+                         "n-th: make the same Loaders, in the same order, on every rank (a "
+                         "Loader of one rank's own: world_size=1), or give each a job_id=")
+        return "".join(lines)
 
     # -- the DataLoader's shape ---------------------------------------------
 
@@ -824,24 +966,41 @@ class Loader(_Closes):
     _getpid = staticmethod(os.getpid)  # (module globals may be gone when a finalizer runs at exit)
 
     def state_dict(self):
-        """Where iteration stands: {"epoch", "batch", "batches_per_epoch", "data"}: the
-        epoch iterated last and the batch it gives next (batches_per_epoch once it is
-        done). load_state_dict() with it makes that epoch's next iter() go on from there."""
-        return {"epoch": self._state[0], "batch": self._state[1],
-                "batches_per_epoch": len(self), "data": self._settings["data"]}
+        """Where iteration stands: {"epoch", "batch", "batches_per_epoch", "data", ...}:
+        the epoch iterated last and the batch it gives next (batches_per_epoch once it
+        is done); data names the split's samples (see _data_ids); and what shapes the
+        epoch's sequence of samples: "order" as the server resolved it ("random" or
+        "blocks", with "block_samples" and "window_blocks"), "seed", "no_shuffle",
+        "drop_last", "drop_last_batch", "batch_size", "world_size". load_state_dict()
+        with it makes that epoch's next iter() go on from there."""
+        state = {"epoch": self._state[0], "batch": self._state[1],
+                 "batches_per_epoch": len(self), "data": self._settings["data"]}
+        state.update((k, self._settings[k]) for k in _SEQUENCE)
+        return state
 
     def load_state_dict(self, state):
         """The next iter() of the saved epoch gives the rest of it (set_epoch() of that
-        epoch keeps this; the epoch is set to it)."""
+        epoch keeps this; the epoch is set to it). A state of another split's samples,
+        or whose sequence of samples differs from this Loader's (its order, blocks, seed,
+        ...; see state_dict), is refused with a ValueError naming each difference (a
+        state saved before these were recorded is not checked for them)."""
         if not isinstance(state, dict):
             raise TypeError("load_state_dict takes the dict state_dict() returns, not %r"
                             % type(state).__name__)
         missing = [k for k in ("epoch", "batch") if k not in state]
         if missing:
             raise ValueError("the state has no %s" % " or ".join(missing))
-        if state.get("data", self._settings["data"]) != self._settings["data"]:
-            raise ValueError("the state was saved on another data set (manifest %s, this one %s)"
-                             % (str(state["data"])[:12], self._settings["data"][:12]))
+        # (A state from before data named the split's samples has the manifest's hash.)
+        if state.get("data", self._settings["data"]) not in (self._settings["data"],
+                                                             self._manifest_sha):
+            raise ValueError("the state was saved on another data set or split (its samples "
+                             "%s; this Loader's split %r of %s: %s)"
+                             % (str(state["data"])[:12], self.options["split"], self.data,
+                                self._settings["data"][:12]))
+        changed = self._sequence_changes(state)
+        if changed:
+            raise ValueError("the state was saved with another sequence of samples:\n  "
+                             + "\n  ".join(changed))
         saved_n = _whole("the state's batches_per_epoch", state.get("batches_per_epoch", len(self)),
                          2**63)
         if saved_n != len(self):
@@ -852,6 +1011,20 @@ class Loader(_Closes):
         batch = _whole("the state's batch", state["batch"], len(self))
         self._epoch = epoch
         self._resume = self._state = (epoch, batch)
+
+    def _sequence_changes(self, state):
+        """What of the sequence of samples the state was saved with differs from this
+        Loader's, one line a setting (the order with its blocks as one)."""
+        mine = self._settings
+        lines = []
+        if "order" in state and any(state.get(k) != mine[k] for k in _ORDER):
+            lines.append("order: the state was saved with %s; this Loader reads %s"
+                         % (_order_text(state), _order_text(mine)))
+        for k in _SEQUENCE:
+            if k not in _ORDER and k in state and state[k] != mine[k]:
+                lines.append("%s: the state was saved with %s; this Loader has %s"
+                             % (k, _shown(state[k]), _shown(mine[k])))
+        return lines
 
     # -- lifetime -------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 # The numa_loader package installed the two ways docs/guide/python.md gives: `cmake
 # --install` into a prefix (the package runs that prefix's loader and
 # library), and `pip install` of <build>/python into a venv (it runs the
-# build's); each then feeds a Loader from a pack made by its pack_tool.
+# build's); each then feeds a Loader from a pack made by its pack_tool. Both
+# run from another directory than the source's or the build's, and leave
+# the build's package directory as it was (pip's build writes elsewhere).
 # Usage: install_test.sh BUILD_DIR PYTHON_DIR_UNDER_PREFIX
 set -uo pipefail
-BUILD=$1
+BUILD=$(cd "$1" && pwd)
 PYREL=$2
 . "$(dirname "$0")/../../../../tests/cli_lib.sh"
 unset NUMA_LOADER_LIB NUMA_LOADER_BIN PYTHONPATH
@@ -29,6 +31,24 @@ with numa_loader.Loader('$W/p', batch_size=8, image_size=32, threads=1, no_bind=
   expect_text "5 40" "$name: a Loader gives the 40 samples in 5 batches"
 }
 
+# listing DIR: every directory under DIR, and every file with its size and
+# modification time.
+listing() { (cd "$1" && find . \( -type d -printf '%p/\n' \) -o -printf '%p %s %T@\n' | LC_ALL=C sort); }
+
+# unchanged NAME: <build>/python lists as it did before the install NAME.
+unchanged() {
+  listing "$BUILD/python" >"$W/after"
+  if diff "$W/before" "$W/after" >"$W/diff"; then
+    ok "$1 leaves $BUILD/python as it was"
+  else
+    fail "$1 leaves $BUILD/python as it was: $(grep '^[<>]' "$W/diff" | head -n 6 | tr '\n' ' ')"
+  fi
+}
+
+mkdir -p "$W/elsewhere"
+cd "$W/elsewhere" || exit 1
+listing "$BUILD/python" >"$W/before"
+
 # Installed to the default prefix, the package lands on Python's own path.
 expect_rc_stdout 0 "the package's default place, /usr/local/$PYREL, is on /usr/bin/python3's path" \
   /usr/bin/python3 -c "import sys; assert '/usr/local/$PYREL' in sys.path, sys.path"
@@ -37,8 +57,11 @@ PREFIX=$W/prefix
 expect_rc 0 "cmake --install into a prefix" cmake --install "$BUILD" --prefix "$PREFIX"
 PYTHONPATH=$PREFIX/$PYREL check /usr/bin/python3 "$PREFIX/bin/loader" "$PREFIX/lib/libnl_client.so" \
   "$PREFIX/bin/pack_tool" "cmake --install"
+unchanged "cmake --install"
 
 expect_rc 0 "a venv (with the system's numpy and torch)" /usr/bin/python3 -m venv --system-site-packages "$W/venv"
-expect_rc 0 "pip install <build>/python" "$W/venv/bin/pip" install -q --no-build-isolation --no-index "$BUILD/python"
+expect_rc 0 "python3 -m pip install <build>/python" \
+  "$W/venv/bin/python3" -m pip install -q --no-build-isolation --no-index "$BUILD/python"
 check "$W/venv/bin/python" "$BUILD/bin/loader" "$BUILD/lib/libnl_client.so" "$BUILD/bin/pack_tool" "pip install"
+unchanged "pip install"
 finish

@@ -128,6 +128,38 @@ class OptionsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "start_timeout_s must be more than 0 and finite, at most 1e"):
             Loader(DATA, start_timeout_s=1e9)
 
+    def test_numeric_keywords_are_held_to_the_servers_ranges(self):
+        # Issue 29 item 10: batch_size=-1 was "outside 0 .. 1099511627776".
+        with self.assertRaisesRegex(ValueError, r"^batch_size -1 is outside 1 \.\. 1048576$"):
+            Loader(DATA, batch_size=-1)
+        ranges = numa_loader.loader.SERVE_RANGES
+        numeric = [n for n, (kind, _) in numa_loader.loader.SERVE_OPTIONS.items()
+                   if kind in ("int", "float", "size", "ints", "floats")]
+        self.assertEqual(sorted(ranges), sorted(numeric), "every numeric keyword has its range")
+        # Where --help shows the flag's range, it is this one.
+        out = subprocess.run([LOADER, "serve", "--help"], capture_output=True, text=True).stdout
+        shown = {m.group(1).replace("-", "_"): (float(m.group(2)), float(m.group(3))) for m in
+                 re.finditer(r"^\s+--([a-z-]+) \S+ in \[(\S+) - (\S+)\]", out, re.M)}
+        for name, (lo, hi) in ranges.items():
+            if name in shown:
+                self.assertEqual((float(lo), float(hi)), shown[name], "--%s's range" % name)
+        # Just outside each range: refused before a server starts, naming the range.
+        for name, (lo, hi) in ranges.items():
+            kind = numa_loader.loader.SERVE_OPTIONS[name][0]
+            for bad in (lo - 1, hi + 1):
+                if kind in ("float", "floats"):
+                    bad = lo - 0.5 if bad < lo else hi * 2
+                value = [bad] if kind in ("ints", "floats") else bad
+                with self.assertRaisesRegex(ValueError, "%s .*outside %s \\.\\. %s" % (
+                        name, re.escape("%g" % lo if kind in ("float", "floats") else str(lo)),
+                        re.escape("%g" % hi if kind in ("float", "floats") else str(hi)))):
+                    Loader(DATA, **{name: value})
+        for name, value, want in (("world_size", 2**20 + 1, "world_size 1048577 is outside 1 .. 1048576"),
+                                  ("local_world_size", 1025, "outside 1 .. 1024"),
+                                  ("local_rank", 1024, "outside 0 .. 1023")):
+            with self.assertRaisesRegex(ValueError, want):
+                Loader(DATA, **{name: value})
+
     def test_the_longest_timeouts_are_taken(self):
         with Loader(DATA, timeout_s=1e7, start_timeout_s=1e7, **SMALL) as loader:
             self.assertEqual(len(list(loader)), 13)
@@ -172,8 +204,8 @@ class OptionsTest(unittest.TestCase):
     def test_a_setting_the_server_refuses_is_raised_with_its_words(self):
         t0 = time.monotonic()
         with self.assertRaisesRegex(LoaderError, "exited with status .* before it served:\n.*"
-                                    "--batch-size"):
-            Loader(DATA, batch_size=0, quiet=True, no_bind=True)
+                                    "--resize-size 40 needs --resize shorter-crop"):
+            Loader(DATA, image_size=32, resize_size=40, quiet=True, no_bind=True)
         self.assertLess(time.monotonic() - t0, 30)
 
 
@@ -279,6 +311,77 @@ class OneRankTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "batch 14 is outside"):
                 again.load_state_dict(dict(state, batch=14))
 
+    def test_a_state_from_another_sequence_of_samples_is_refused(self):
+        # Issue 29 item 2: a state of order="random" loaded into order="blocks"
+        # was taken, and the resumed epoch repeated and missed samples.
+        def saved(**kw):
+            with Loader(DATA, **dict(SMALL, **kw)) as loader:
+                it = iter(loader)
+                next(it)
+                return json.loads(json.dumps(loader.state_dict()))
+        blocks = r"blocks \(blocks of (\d+) samples, (\d+) a window\)"
+        random_state = saved(order="random", seed=5)
+        with Loader(DATA, order="blocks", io_memory="64M", seed=5, **SMALL) as loader:
+            with self.assertRaisesRegex(ValueError, "order: the state was saved with random; "
+                                        "this Loader reads " + blocks):
+                loader.load_state_dict(random_state)
+            blocks_state = json.loads(json.dumps(loader.state_dict()))
+            loader.load_state_dict(blocks_state)  # its own
+        # The same order with other blocks (another io_memory) is another sequence.
+        with Loader(DATA, order="blocks", io_memory="4M", seed=5, **SMALL) as loader:
+            with self.assertRaises(ValueError) as cm:
+                loader.load_state_dict(blocks_state)
+            m = re.search("order: the state was saved with %s; this Loader reads %s"
+                          % (blocks, blocks), str(cm.exception))
+            self.assertTrue(m, str(cm.exception))
+            self.assertNotEqual(m.group(1, 2), m.group(3, 4))
+        # Each setting that shapes the sequence is named.
+        with Loader(DATA, order="random", seed=6, no_shuffle=True, drop_last_batch=True,
+                    **dict(SMALL, batch_size=15)) as loader:
+            self.assertEqual(len(loader), 13)  # as many batches as the saved 16's
+            with self.assertRaises(ValueError) as cm:
+                loader.load_state_dict(random_state)
+            for line in ("seed: the state was saved with 5; this Loader has 6",
+                         "no_shuffle: the state was saved with false; this Loader has true",
+                         "drop_last_batch: the state was saved with false; this Loader has true",
+                         "batch_size: the state was saved with 16; this Loader has 15"):
+                self.assertIn(line, str(cm.exception))
+            self.assertNotIn("order", str(cm.exception))
+
+    def test_a_state_resumes_after_a_split_is_added_to_the_shard_set(self):
+        # Issue 29 item 9: the state keyed on the whole manifest, so adding a
+        # val split refused a train state ("saved on another data set").
+        import shutil
+        grown = os.path.join(WORK, "grown")
+        shutil.copytree(DATA, grown)
+        shutil.copytree(os.path.join(DATA, "test"), os.path.join(grown, "val"))
+        with open(os.path.join(grown, "manifest.json")) as f:
+            manifest = json.load(f)
+        val = json.loads(json.dumps(manifest["splits"]["test"]))
+        for shard in val["shards"]:
+            shard["path"] = shard["path"].replace("test/", "val/")
+        manifest["splits"]["val"] = val
+        with open(os.path.join(grown, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        with Loader(DATA, seed=5, **SMALL) as loader:
+            it = iter(loader)
+            next(it)
+            state = loader.state_dict()
+            rest = [b.indices.tolist() for b in it]
+        with Loader(grown, seed=5, **SMALL) as again:
+            again.load_state_dict(state)
+            self.assertEqual([b.indices.tolist() for b in again], rest)
+        # Another split's samples are still refused.
+        with Loader(grown, "val", seed=5, **SMALL) as other:
+            with self.assertRaisesRegex(ValueError, "saved on another data set or split"):
+                other.load_state_dict(state)
+        # A state saved before (data: the manifest's SHA-256) loads on that manifest.
+        import hashlib
+        with open(os.path.join(DATA, "manifest.json"), "rb") as f:
+            older = dict(state, data=hashlib.sha256(f.read()).hexdigest())
+        with Loader(DATA, seed=5, **SMALL) as same:
+            same.load_state_dict(older)
+
     def test_close_and_the_with_block_stop_the_server(self):
         loader = Loader(DATA, **SMALL)
         pid = loader._proc.pid
@@ -372,13 +475,23 @@ import torch, torch.distributed as dist
 import numa_loader
 kw = json.loads(sys.argv[1])
 mode = kw.pop("mode", "after")
+look = kw.pop("look", False)  # rank 0 first looks at the data with a one-rank Loader
+second = kw.pop("second", None)  # then a second Loader, of this split, on every rank
+second_ranks = kw.pop("second_ranks", None)  # (or only on these)
 t0 = time.monotonic()
 try:
     if mode == "tcp":  # a process group made with tcp://, no MASTER_* variables
         dist.init_process_group("gloo", init_method=kw.pop("init"), rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
-    l = numa_loader.Loader(kw.pop("data"), **kw)
+    data = kw.pop("data")
+    if look and os.environ["RANK"] == "0":
+        with numa_loader.Loader(data, **dict(kw, rank=0, world_size=1)) as q:
+            next(iter(q))
+    l = numa_loader.Loader(data, **kw)
     out = {"job": l.job_id}
+    if second and (second_ranks is None or int(os.environ["RANK"]) in second_ranks):
+        with numa_loader.Loader(data, **dict(kw, split=second)) as l2:
+            out.update(job2=l2.job_id, indices2=[b.indices.tolist() for b in l2])
     if mode == "then_pg":  # the process group made at once, the Loader alive
         dist.init_process_group("gloo")
     l.set_epoch(1)
@@ -466,6 +579,46 @@ class TwoRanksTest(unittest.TestCase):
         outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
         self.assertEqual([o.get("error") for o in outs], [None, None])
         self.assertNotEqual(outs[0]["job"], outs[1]["job"])
+
+    def test_a_loader_of_rank_0_alone_leaves_the_job_id_and_two_loaders_each_have_one(self):
+        # Issue 29 item 5: rank 0's one-rank Loader counted towards the job id,
+        # so its training Loader waited under another id than rank 1's.
+        outs = run_ranks([dict(SMALL, timeout_s=10, look=True, second="test")] * 2)
+        for r, out in enumerate(outs):
+            self.assertNotIn("error", out, "rank %d" % r)
+        a, b = outs
+        self.assertEqual(a["job"], b["job"])
+        self.assertEqual(a["job2"], b["job2"])
+        self.assertNotEqual(a["job"], a["job2"], "two Loaders in sequence, two ids")
+        self.assertEqual(sorted(sum(a["indices"] + b["indices"], [])), list(range(200)))
+        self.assertEqual(sorted(sum(a["indices2"] + b["indices2"], [])), list(range(10)))
+
+    def test_a_loader_made_by_one_rank_only_is_named(self):
+        t0 = time.monotonic()
+        a, b = run_ranks([dict(SMALL, timeout_s=4, mode="none", second="test",
+                               second_ranks=[0])] * 2)
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertNotIn("error", b)
+        self.assertIn("missing: settings/1", a.get("error", ""))
+        self.assertIn("rank 1 has made 1 Loader of this job's 2 ranks, and rank 0 2", a["error"])
+        self.assertIn("make the same Loaders, in the same order, on every rank", a["error"])
+
+    def test_blocks_of_another_size_are_named(self):
+        # Each rank's io_memory sets its blocks, and the ranks' shares of the
+        # epoch are cut from one sequence of blocks: they must agree.
+        outs = run_ranks([dict(SMALL, order="blocks", io_memory=io, timeout_s=15)
+                          for io in ("64M", "4M")])
+        for out in outs:
+            self.assertRegex(out.get("error", ""), r"block_samples: rank 0 has \d+; rank 1 has 1\n")
+
+    def test_a_split_mismatch_is_named_at_once(self):
+        # Issue 29 item 4: the split fed the derived job id, so the ranks
+        # published under different ids and each waited out timeout_s.
+        outs = run_ranks([dict(SMALL, timeout_s=15), dict(SMALL, split="test", timeout_s=15)])
+        for r, out in enumerate(outs):
+            self.assertIn("split: rank 0 has train; rank 1 has test", out.get("error", ""),
+                          "rank %d" % r)
+            self.assertLess(out["seconds"], 10, "rank %d waited for the timeout" % r)
 
     def test_a_mismatch_raises_on_every_rank_naming_the_setting(self):
         t0 = time.monotonic()
