@@ -62,7 +62,8 @@ Settings SharedSettings(const Options& o, const Manifest& m, const std::string& 
       {"--eval-transform", o.eval_transform},
       {"--order", OrderChoiceName(o.order)},
       // auto resolves by each node's memory, and blocks by --io-memory: the
-      // sequences must be one epoch's shares all the same.
+      // ranks' shares must be cut from one sequence of blocks (the window
+      // is each rank's own shuffle of its share).
       {"the sample order (resolved)", sequence},
       {"--seed", std::to_string(o.seed)},
       {"--epochs", std::to_string(o.epochs)},

@@ -152,10 +152,10 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   return p;
 }
 
-std::string SequenceOf(const ReadPlan& p) {
+std::string SequenceOf(const ReadPlan& p, bool window) {
   if (p.order == SampleOrder::kRandom) return "random";
-  return "blocks of " + std::to_string(p.block_samples) + " samples, " + std::to_string(p.window_blocks) +
-         " a window";
+  return "blocks of " + std::to_string(p.block_samples) + " samples" +
+         (window ? ", " + std::to_string(p.window_blocks) + " a window" : "");
 }
 
 namespace {

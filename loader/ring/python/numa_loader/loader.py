@@ -91,8 +91,11 @@ _MAX_LOCAL_RANKS = 1024
 
 # What every rank's server must agree on (the rest, threads, binding,
 # read-ahead, is each rank's own; but the blocks an io_memory gives are not).
+# (Not the window: each rank shuffles its own share within its windows, so
+# ranks with other windows still read one epoch's shares; a resume must keep
+# it, _SEQUENCE below.)
 _AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
-           "drop_last_batch", "on_bad_record", "order", "block_samples", "window_blocks",
+           "drop_last_batch", "on_bad_record", "order", "block_samples",
            "image_size", "resize", "resize_size", "augment", "pad_crop", "random_resized_crop",
            "no_flip", "decode", "layout", "normalize", "mean", "std", "batches_per_epoch",
            "sample_bytes")

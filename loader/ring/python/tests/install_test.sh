@@ -58,6 +58,27 @@ expect_rc 0 "cmake --install into a prefix" cmake --install "$BUILD" --prefix "$
 PYTHONPATH=$PREFIX/$PYREL check /usr/bin/python3 "$PREFIX/bin/loader" "$PREFIX/lib/libnl_client.so" \
   "$PREFIX/bin/pack_tool" "cmake --install"
 unchanged "cmake --install"
+# A C consumer compiles against the installed header alone (include/numa_loader/,
+# none of the service's internals) and links the installed library.
+cat >"$W/consumer.c" <<'CEOF'
+#include <numa_loader/nl_client.h>
+#include <stdio.h>
+int main(void) {
+  nl_client* c = NULL;
+  int rc = nl_attach("nl-install-test-no-job", 0, 0.1, &c);
+  printf("%d %s\n", rc, nl_attach_error());
+  return rc == NL_OK;
+}
+CEOF
+if [ -e "$PREFIX/include/nl_client.h" ] || [ -e "$PREFIX/include/numa_loader/ring_layout.h" ]; then
+  fail "the prefix holds headers besides include/numa_loader/nl_client.h: $(find "$PREFIX/include")"
+else
+  ok "the prefix's include/ holds numa_loader/nl_client.h alone"
+fi
+expect_rc 0 "a C consumer compiles against P/include and links P/lib" cc -I"$PREFIX/include" "$W/consumer.c" \
+  -L"$PREFIX/lib" -lnl_client -Wl,-rpath,"$PREFIX/lib" -o "$W/consumer"
+expect_rc_stdout 0 "and runs: no such job is an error from the library" "$W/consumer"
+expect_text "no loader serve for job nl-install-test-no-job" "naming the job"
 
 expect_rc 0 "a venv (with the system's numpy and torch)" /usr/bin/python3 -m venv --system-site-packages "$W/venv"
 expect_rc 0 "python3 -m pip install <build>/python" \

@@ -524,7 +524,7 @@ def run_ranks(per_rank, ranks=None, env_of=None):
         if env_of is not None:
             env = env_of(r, env)
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT,
-                                       json.dumps(dict(kw, data=DATA))], env=env,
+                                       json.dumps(dict({"data": DATA}, **kw))], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
     for p in procs:
@@ -605,11 +605,28 @@ class TwoRanksTest(unittest.TestCase):
 
     def test_blocks_of_another_size_are_named(self):
         # Each rank's io_memory sets its blocks, and the ranks' shares of the
-        # epoch are cut from one sequence of blocks: they must agree.
-        outs = run_ranks([dict(SMALL, order="blocks", io_memory=io, timeout_s=15)
+        # epoch are cut from one sequence of blocks: they must agree. (A
+        # split of 4,000: with 2,000 samples a rank, 64M gives blocks of 3,
+        # 4M of 1.)
+        data = os.path.join(WORK, "p4k")
+        if not os.path.exists(data):
+            subprocess.run([PACK_TOOL, "fake-cifar100", WORK + "/c4k", "--train", "4000", "--test", "10"],
+                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([PACK_TOOL, "cifar100", WORK + "/c4k", data], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        outs = run_ranks([dict(SMALL, order="blocks", io_memory=io, timeout_s=15, data=data)
                           for io in ("64M", "4M")])
         for out in outs:
-            self.assertRegex(out.get("error", ""), r"block_samples: rank 0 has \d+; rank 1 has 1\n")
+            self.assertRegex(out.get("error", ""), r"block_samples: rank 0 has 3; rank 1 has 1(\n|$)")
+            self.assertNotIn("window_blocks", out.get("error", ""))
+
+    def test_windows_of_another_size_still_share_the_epoch(self):
+        # Blocks of one sample on both (200 samples), windows of other sizes:
+        # each rank's window shuffles only its own share, so the ranks agree.
+        kw = [dict(SMALL, order="blocks", io_memory=io, timeout_s=15) for io in ("64M", "4M")]
+        outs = run_ranks(kw)
+        for out in outs:
+            self.assertNotIn("error", out)
 
     def test_a_split_mismatch_is_named_at_once(self):
         # Issue 29 item 4: the split fed the derived job id, so the ranks
