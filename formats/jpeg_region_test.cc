@@ -20,8 +20,8 @@
 namespace nl {
 namespace {
 
-// How a test JPEG is coded: libjpeg's own compressor, which (unlike
-// TurboJPEG's) takes any sampling factors and restart intervals.
+// How a test JPEG is coded (nl::testing::JpegCoding: libjpeg's own
+// compressor, any sampling factors and restart intervals), named.
 struct Coding {
   std::string name;
   int components = 3;  // 1 gray, 3 RGB (coded YCbCr), 4 CMYK (coded YCCK)
@@ -35,37 +35,7 @@ struct Coding {
 void PrintTo(const Coding& k, std::ostream* os) { *os << k.name; }
 
 std::vector<uint8_t> Encode(const std::vector<uint8_t>& px, int w, int h, const Coding& k) {
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);  // valid parameters: libjpeg never fails here
-  jpeg_create_compress(&c);
-  unsigned char* buf = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &buf, &size);
-  c.image_width = static_cast<JDIMENSION>(w);
-  c.image_height = static_cast<JDIMENSION>(h);
-  c.input_components = k.components;
-  c.in_color_space = k.components == 1 ? JCS_GRAYSCALE : k.components == 3 ? JCS_RGB : JCS_CMYK;
-  jpeg_set_defaults(&c);
-  if (k.components == 4) jpeg_set_colorspace(&c, JCS_YCCK);
-  jpeg_set_quality(&c, 90, TRUE);
-  c.comp_info[0].h_samp_factor = k.h_samp;
-  c.comp_info[0].v_samp_factor = k.v_samp;
-  for (int i = 1; i < c.num_components; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
-  if (k.progressive) jpeg_simple_progression(&c);
-  c.restart_in_rows = k.restart_rows;
-  if (k.restart_mcus > 0) c.restart_interval = static_cast<unsigned>(k.restart_mcus);
-  jpeg_start_compress(&c, TRUE);
-  const size_t stride = static_cast<size_t>(w) * k.components;
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(px.data()) + c.next_scanline * stride;
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  std::vector<uint8_t> out(buf, buf + size);
-  free(buf);
-  return out;
+  return nl::testing::EncodeJpegCoded(px, w, h, {k.components, k.h_samp, k.v_samp, k.progressive, k.restart_rows, k.restart_mcus});
 }
 
 // `k`'s JPEG of `px`; with row restarts, checked to decode to the same
@@ -85,20 +55,7 @@ std::vector<uint8_t> EncodeChecked(const std::vector<uint8_t>& px, int w, int h,
   return std::move(*with);
 }
 
-// A photograph-like image: smooth colour gradients with noise and edges, so
-// that every block has chroma and detail.
-std::vector<uint8_t> Picture(int w, int h, int comps, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> px(static_cast<size_t>(w) * h * comps);
-  for (int y = 0; y < h; ++y)
-    for (int x = 0; x < w; ++x)
-      for (int ch = 0; ch < comps; ++ch) {
-        const int edge = ((x / 13 + y / 7 + ch) % 3 == 0) ? 60 : 0;
-        const int v = (x * (3 + ch) + y * (5 - ch)) % 200 + edge + static_cast<int>(rng() % 24);
-        px[(static_cast<size_t>(y) * w + x) * comps + ch] = static_cast<uint8_t>(std::min(v, 255));
-      }
-  return px;
-}
+using nl::testing::PhotoLikePixels;
 
 // Every pixel of `region` (clipped to the image) in the region decode
 // equals the full decode's; the decoded part contains the region.
@@ -138,7 +95,7 @@ class JpegRegion : public ::testing::TestWithParam<Coding> {};
 TEST_P(JpegRegion, PixelsAreTheFullDecodesPixels) {
   const Coding& k = GetParam();
   for (const auto& [w, h] : {std::pair{203, 157}, std::pair{64, 33}}) {
-    const std::vector<uint8_t> jpg = EncodeChecked(Picture(w, h, k.components, 11), w, h, k);
+    const std::vector<uint8_t> jpg = EncodeChecked(PhotoLikePixels(w, h, k.components, 11), w, h, k);
     Result<Image> full = DecodeImage(jpg);
     ASSERT_TRUE(full.ok()) << full.status().ToString();
     const uint32_t W = static_cast<uint32_t>(w), H = static_cast<uint32_t>(h);
@@ -247,7 +204,7 @@ std::pair<size_t, size_t> Interval(const std::vector<uint8_t>& jpg, int n) {
 TEST(JpegRegionDecode, SkipsTheRowsAboveARestartMarker) {
   const int w = 96, h = 160;  // 6 x 10 MCUs of 16x16
   const Coding k{"rows420", 3, 2, 2, false, 1};
-  const std::vector<uint8_t> jpg = Encode(Picture(w, h, 3, 21), w, h, k);
+  const std::vector<uint8_t> jpg = Encode(PhotoLikePixels(w, h, 3, 21), w, h, k);
   Result<Image> full = DecodeImage(jpg);
   ASSERT_TRUE(full.ok());
   // Row of MCUs 2 (after marker 2) scrambled: its bytes no longer match.
@@ -344,7 +301,7 @@ TEST(JpegRestarts, DecodeAsLibjpegDoes) {
       {"every3_420", 3, 2, 2, false, 0, 3}, {"every7_440", 3, 1, 2, false, 0, 7}, {"every5_gray", 1, 1, 1, false, 0, 5}};
   for (const Coding& k : codings) {
     for (const auto& [w, h] : {std::pair{203, 157}, std::pair{64, 72}}) {
-      const std::vector<uint8_t> jpg = Encode(Picture(w, h, k.components, 17), w, h, k);
+      const std::vector<uint8_t> jpg = Encode(PhotoLikePixels(w, h, k.components, 17), w, h, k);
       std::vector<std::vector<uint8_t>> files = {jpg};
       const auto [b, e] = Interval(jpg, 2);
       ASSERT_GT(e, b) << k.name;
@@ -389,7 +346,7 @@ TEST(JpegRowRestarts, AFileTheRestartsCannotEncodeIsRefusedCleanly) {
 // sampling, is idempotent, and refuses what is not a whole JPEG.
 TEST(JpegRowRestarts, KeepsMarkersAndRefusesDamage) {
   const int w = 75, h = 50;
-  const std::vector<uint8_t> jpg = Encode(Picture(w, h, 3, 4), w, h, Coding{"s420", 3, 2, 2});
+  const std::vector<uint8_t> jpg = Encode(PhotoLikePixels(w, h, 3, 4), w, h, Coding{"s420", 3, 2, 2});
   // An APP1 "Exif" and a COM segment after SOI/APP0 (JFIF).
   const std::vector<uint8_t> exif = {0xFF, 0xE1, 0x00, 0x0C, 'E', 'x', 'i', 'f', 0, 0, 'M', 'M', 0, 42};
   const std::vector<uint8_t> com = {0xFF, 0xFE, 0x00, 0x07, 'h', 'e', 'l', 'l', 'o'};
@@ -437,7 +394,7 @@ TEST(PngRegionDecode, StopsAfterTheRegionsLastRow) {
   Image img;
   img.width = w;
   img.height = h;
-  img.pixels = Picture(w, h, 3, 8);
+  img.pixels = PhotoLikePixels(w, h, 3, 8);
   const std::vector<uint8_t> png = *EncodePng(img, 1);
   const std::vector<uint8_t> cut(png.begin(), png.begin() + static_cast<long>(png.size() / 2));
   EXPECT_EQ(DecodeImage(cut).status().code(), StatusCode::kCorruption);
@@ -455,7 +412,7 @@ TEST(PngRegionDecode, StopsAfterTheRegionsLastRow) {
 // truncated, as the full decode is.
 TEST(JpegRegionDecode, StopsAfterTheRegionsLastRow) {
   const int w = 160, h = 320;
-  const std::vector<uint8_t> jpg = Encode(Picture(w, h, 3, 3), w, h, Coding{"s420", 3, 2, 2});
+  const std::vector<uint8_t> jpg = Encode(PhotoLikePixels(w, h, 3, 3), w, h, Coding{"s420", 3, 2, 2});
   const std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() * 6 / 10));
   EXPECT_EQ(DecodeImage(cut).status().code(), StatusCode::kCorruption);
   Result<Image> full = DecodeImage(jpg);
@@ -473,7 +430,7 @@ TEST(JpegRegionDecode, StopsAfterTheRegionsLastRow) {
 // the region; a PNG decodes the region's rows.
 TEST(JpegRegionDecode, LimitsAndOtherFormats) {
   const int w = 64, h = 48;
-  const std::vector<uint8_t> px = Picture(w, h, 3, 9);
+  const std::vector<uint8_t> px = PhotoLikePixels(w, h, 3, 9);
   const std::vector<uint8_t> jpg = Encode(px, w, h, Coding{"s420", 3, 2, 2});
   DecodedRegion r;
   EXPECT_EQ(DecodeImageRegionInto(jpg, {.max_pixels = 100}, {0, 0, 2, 2}, &r).code(),

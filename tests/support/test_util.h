@@ -47,6 +47,22 @@ struct PngSpec {
 };
 std::vector<uint8_t> EncodePngForTest(const PngSpec& spec);
 
+// How a test JPEG is coded by libjpeg's own compressor, which (unlike
+// TurboJPEG's) takes any sampling factors and restart intervals.
+struct JpegCoding {
+  int components = 3;  // 1 gray, 3 RGB (coded YCbCr), 4 CMYK (coded YCCK)
+  int h_samp = 2, v_samp = 2;  // the first component's; the others 1x1
+  bool progressive = false;
+  int restart_rows = 0;  // a restart marker every N MCU rows (0: none)
+  int restart_mcus = 0;  // a restart marker every N MCUs (0: none), rows or not
+};
+// `px` (w x h x k.components, row-major) as a quality-90 JPEG coded as `k`.
+std::vector<uint8_t> EncodeJpegCoded(const std::vector<uint8_t>& px, int w, int h, const JpegCoding& k);
+
+// A photograph-like image of `comps` channels: smooth colour gradients with
+// noise and edges, so that every block has chroma and detail.
+std::vector<uint8_t> PhotoLikePixels(int w, int h, int comps, uint32_t seed);
+
 // A valid gray 64x16 JPEG (6 KB of comment first) that AddJpegRowRestarts
 // cannot rewrite: its DC coefficients climb by 600 a block along one row
 // and come down along the next, so every difference between neighbours fits
