@@ -5,9 +5,15 @@
 #include <jpeglib.h>
 
 #include <gtest/gtest.h>
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define NL_HAVE_MEMCHECK 1
+#endif
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -183,6 +189,209 @@ INSTANTIATE_TEST_SUITE_P(
                     Coding{"rowsProgressive", 3, 2, 2, true, 0, 0, true},
                     Coding{"rowsOverMcuRestarts", 3, 2, 2, false, 0, 5, true}),
     [](const ::testing::TestParamInfo<Coding>& i) { return i.param.name; });
+
+// Under valgrind's memcheck, the offset of the first byte of [p, p + n) it
+// holds undefined (and it reports it); -1 when every byte is defined, and
+// always when not under valgrind (the valgrind_jpeg test runs these tests
+// under it).
+long FirstUndefinedByte(const uint8_t* p, size_t n) {
+#ifdef NL_HAVE_MEMCHECK
+  if (RUNNING_ON_VALGRIND) {
+    const uintptr_t at = VALGRIND_CHECK_MEM_IS_DEFINED(p, n);
+    if (at != 0) return static_cast<long>(at - reinterpret_cast<uintptr_t>(p));
+  }
+#endif
+  (void)p;
+  (void)n;
+  return -1;
+}
+
+// Every sampling a photograph arrives in, and with them every way
+// libjpeg-turbo upsamples chroma: merged with the colour conversion (4:2:0,
+// 4:2:2 without fancy upsampling), fancy (4:2:0, 4:2:2, 4:4:0), and
+// int_upsample's replication (4:4:0 without fancy upsampling, 4:1:1, 4:4:1,
+// 4:1:0, 3x1, 3x2).
+const Coding kSamplings[] = {
+    {"s444", 3, 1, 1}, {"s422", 3, 2, 1}, {"s420", 3, 2, 2}, {"s440", 3, 1, 2}, {"s411", 3, 4, 1},
+    {"s441", 3, 1, 4}, {"s410", 3, 4, 2}, {"s3x1", 3, 3, 1}, {"s3x2", 3, 3, 2}, {"gray", 1, 1, 1}};
+
+class JpegSampling : public ::testing::TestWithParam<Coding> {};
+
+// Fast and exact region decodes of each sampling at every scale the loader
+// picks, whole and cropped (crops of each width modulo 4, and to the right
+// edge), into output buffers that held 0x00 and 0xFF before: every byte is
+// written (the two agree), defined as memcheck sees it (issue 29 item 3:
+// the last pixels' G of 4:4:0, 4:1:0, 4:4:1, 3x1 and 3x2 rows were not, at
+// widths that are not a multiple of 4), and the same as the same pixels of
+// the whole decode, exact or fast, which are near each other.
+TEST_P(JpegSampling, EveryByteIsWrittenAndDefined) {
+  const Coding& k = GetParam();
+  for (const auto& [w, h] : {std::pair{501, 75}, std::pair{203, 46}}) {
+    const std::vector<uint8_t> jpg = Encode(PhotoLikePixels(w, h, k.components, 7), w, h, k);
+    for (const int scale : {8, 4, 2, 1}) {
+      // The references: the whole image decoded exact and fast, at this scale.
+      DecodedRegion whole[2];
+      ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &whole[0], scale).ok()) << k.name;
+      ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &whole[1], scale, true).ok()) << k.name;
+      const uint32_t sw = whole[0].image.width, sh = whole[0].image.height;
+      ASSERT_EQ(whole[1].image.pixels.size(), whole[0].image.pixels.size());
+      double sum = 0;
+      for (size_t i = 0; i < whole[0].image.pixels.size(); ++i) {
+        sum += std::abs(int{whole[0].image.pixels[i]} - int{whole[1].image.pixels[i]});
+      }
+      // (This picture's chroma changes every few pixels: a fast decode is
+      // further from exact than a photograph's, see JpegRegion.)
+      EXPECT_LT(sum / static_cast<double>(whole[0].image.pixels.size()), 16.0)
+          << k.name << " at " << scale << "/8: fast, far from exact";
+      std::vector<PixelRect> regions = {{0, 0, 0, 0}, {sw / 3, sh / 4, sw, sh}};
+      for (uint32_t cw = sw / 2; cw < sw / 2 + 4; ++cw)
+        regions.push_back({sw / 5 + 1, sh / 4, cw, sh / 2 + 1});
+      for (const bool approximate : {false, true}) {
+        for (const PixelRect& r : regions) {
+          const std::string what = k.name + " " + std::to_string(w) + "x" + std::to_string(h) +
+                                   " at " + std::to_string(scale) + "/8" +
+                                   (approximate ? ", fast" : ", exact") + ", region " +
+                                   std::to_string(r.x) + "," + std::to_string(r.y) + " " +
+                                   std::to_string(r.w) + "x" + std::to_string(r.h);
+          DecodedRegion a, b;
+          a.image.pixels.assign(size_t{sw} * sh * 3, 0x00);
+          b.image.pixels.assign(size_t{sw} * sh * 3, 0xFF);
+          ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &a, scale, approximate).ok()) << what;
+          ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, r, &b, scale, approximate).ok()) << what;
+          ASSERT_EQ(a.image.pixels.size(), size_t{a.image.width} * a.image.height * 3) << what;
+          const long undefined = FirstUndefinedByte(a.image.pixels.data(), a.image.pixels.size());
+          ASSERT_EQ(undefined, -1)
+              << what << ": memcheck holds byte " << undefined % 3 << " of pixel ("
+              << undefined / 3 % a.image.width << ", " << undefined / 3 / a.image.width
+              << ") of the " << a.image.width << "x" << a.image.height << " decode undefined";
+          ASSERT_TRUE(a.image.pixels == b.image.pixels)
+              << what << ": a byte kept what the buffer held";
+          ExpectRegionExact(jpg, whole[approximate].image, r, what, scale, approximate);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Samplings, JpegSampling, ::testing::ValuesIn(kSamplings),
+                         [](const ::testing::TestParamInfo<Coding>& i) { return i.param.name; });
+
+// libjpeg's decode with every sample array it allocates (rows rounded up to
+// 64 samples, as the codec's ZeroedSampleRows asks) filled with `fill`
+// first: what its SIMD code reads past a row's written samples. RGB into
+// `px`, cropped to columns [x, x + cw) when cw > 0 (jpeg_crop_scanline
+// widens them; *x and *cw say to what). *scaled_apart: a component's IDCT
+// is scaled apart from the smallest one's and it is still upsampled after,
+// where libjpeg-turbo before 3.0 crops wrong (its issue 669; the codec's
+// CropIsRight decodes the whole width there).
+struct FilledDecoder {
+  jpeg_decompress_struct c;
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  uint8_t fill = 0;
+  JSAMPARRAY (*alloc_sarray)(j_common_ptr, int, JDIMENSION, JDIMENSION) = nullptr;
+};
+JSAMPARRAY FilledRows(j_common_ptr c, int pool, JDIMENSION width, JDIMENSION rows) {
+  auto* d = static_cast<FilledDecoder*>(c->client_data);
+  const JDIMENSION padded = (width + 63) / 64 * 64;
+  const JSAMPARRAY a = d->alloc_sarray(c, pool, padded, rows);
+  for (JDIMENSION r = 0; r < rows; ++r) std::memset(a[r], d->fill, padded);
+  return a;
+}
+void FilledError(j_common_ptr c) {
+  std::longjmp(static_cast<FilledDecoder*>(c->client_data)->jump, 1);
+}
+bool DecodeFilled(const std::vector<uint8_t>& jpg, uint8_t fill, int scale, bool fancy,
+                  JDIMENSION* x, JDIMENSION* cw, std::vector<uint8_t>* px, bool* scaled_apart) {
+  const std::unique_ptr<FilledDecoder> d = std::make_unique<FilledDecoder>();
+  d->c.err = jpeg_std_error(&d->pub);
+  d->pub.error_exit = FilledError;
+  d->c.client_data = d.get();
+  jpeg_create_decompress(&d->c);
+  d->fill = fill;
+  d->alloc_sarray = d->c.mem->alloc_sarray;
+  d->c.mem->alloc_sarray = FilledRows;
+  if (setjmp(d->jump)) {
+    jpeg_destroy_decompress(&d->c);
+    return false;
+  }
+  jpeg_mem_src(&d->c, jpg.data(), static_cast<unsigned long>(jpg.size()));
+  jpeg_read_header(&d->c, TRUE);
+  d->c.out_color_space = JCS_EXT_RGB;
+  d->c.scale_num = static_cast<unsigned>(scale);
+  d->c.scale_denom = 8;
+  d->c.do_fancy_upsampling = fancy ? TRUE : FALSE;
+  jpeg_start_decompress(&d->c);
+  *scaled_apart = false;
+  for (int ci = 0; ci < d->c.num_components; ++ci) {
+    const jpeg_component_info& k = d->c.comp_info[ci];
+    const int min = d->c.min_DCT_scaled_size;
+    *scaled_apart |= k.DCT_scaled_size != min &&
+                     k.h_samp_factor * k.DCT_scaled_size != d->c.max_h_samp_factor * min;
+  }
+  if (*cw > 0) {
+    jpeg_crop_scanline(&d->c, x, cw);
+  } else {
+    *x = 0;
+    *cw = d->c.output_width;
+  }
+  px->resize(size_t{*cw} * d->c.output_height * 3);
+  while (d->c.output_scanline < d->c.output_height) {
+    JSAMPROW row = px->data() + size_t{d->c.output_scanline} * *cw * 3;
+    jpeg_read_scanlines(&d->c, &row, 1);
+  }
+  jpeg_finish_decompress(&d->c);
+  jpeg_destroy_decompress(&d->c);
+  return true;
+}
+
+// What ZeroedSampleRows (jpeg_codec.cc) rests on: whatever libjpeg's sample
+// arrays held before it wrote them (their padding past a row's samples,
+// which its SIMD colour conversion reads), the pixels are the same: no byte
+// libjpeg leaves unwritten reaches them, for every sampling, scale,
+// upsampling, and crop that the codec asks of it. So zeroing those arrays
+// changes no pixel; it only makes them defined for a memory checker. The
+// crops it does not ask for (CropIsRight) are the ones that do read
+// unwritten bytes, with libjpeg-turbo before 3.0: 4:1:0 at 1/2 and 1/4
+// with fancy upsampling is one.
+TEST(JpegPadding, NeverReachesThePixels) {
+  int wrong_crops = 0;
+  for (const Coding& k : kSamplings) {
+    for (const auto& [w, h] : {std::pair{501, 40}, std::pair{202, 35}}) {
+      const std::vector<uint8_t> jpg = Encode(PhotoLikePixels(w, h, k.components, 3), w, h, k);
+      for (const int scale : {8, 4, 2, 1}) {
+        for (const bool fancy : {true, false}) {
+          const JDIMENSION sw = static_cast<JDIMENSION>((w * scale + 7) / 8);
+          for (const JDIMENSION crop : {JDIMENSION{0}, sw / 2 + 1, sw / 2 + 2, sw / 2 + 3}) {
+            std::vector<uint8_t> px[3];
+            bool scaled_apart = false;
+            const std::string what =
+                k.name + " " + std::to_string(w) + " wide at " + std::to_string(scale) + "/8" +
+                (fancy ? "" : ", no fancy upsampling") + ", crop " + std::to_string(crop);
+            const uint8_t fills[3] = {0x00, 0xFF, 0x5A};
+            for (int i = 0; i < 3; ++i) {
+              JDIMENSION x = sw / 3, cw = crop;
+              ASSERT_TRUE(DecodeFilled(jpg, fills[i], scale, fancy, &x, &cw, &px[i], &scaled_apart))
+                  << what;
+            }
+            const bool same = px[0] == px[1] && px[0] == px[2];
+            if (crop > 0 && scaled_apart) {
+              wrong_crops += !same;
+              continue;
+            }
+            EXPECT_TRUE(same) << what << ": the pixels depend on what libjpeg's rows held";
+          }
+        }
+      }
+    }
+  }
+#if LIBJPEG_TURBO_VERSION_NUMBER < 3000000
+  EXPECT_GT(wrong_crops, 0)
+      << "no crop reads unwritten rows: is this libjpeg-turbo's issue 669 fixed? "
+         "(then CropIsRight can allow these crops)";
+#endif
+}
 
 // The entropy-coded bytes of `jpg` after its n-th restart marker (n >= 1)
 // up to the next marker: the MCUs of that restart interval.
