@@ -206,14 +206,15 @@ long FirstUndefinedByte(const uint8_t* p, size_t n) {
   return -1;
 }
 
-// Every sampling a photograph arrives in, and with them every way
-// libjpeg-turbo upsamples chroma: merged with the colour conversion (4:2:0,
-// 4:2:2 without fancy upsampling), fancy (4:2:0, 4:2:2, 4:4:0), and
-// int_upsample's replication (4:4:0 without fancy upsampling, 4:1:1, 4:4:1,
-// 4:1:0, 3x1, 3x2).
-const Coding kSamplings[] = {
-    {"s444", 3, 1, 1}, {"s422", 3, 2, 1}, {"s420", 3, 2, 2}, {"s440", 3, 1, 2}, {"s411", 3, 4, 1},
-    {"s441", 3, 1, 4}, {"s410", 3, 4, 2}, {"s3x1", 3, 3, 1}, {"s3x2", 3, 3, 2}, {"gray", 1, 1, 1}};
+// nl::testing::EveryJpegSampling(), as Codings.
+std::vector<Coding> Samplings() {
+  std::vector<Coding> out;
+  for (const nl::testing::NamedJpegSampling& s : nl::testing::EveryJpegSampling()) {
+    out.push_back({s.name, s.coding.components, s.coding.h_samp, s.coding.v_samp});
+  }
+  return out;
+}
+const std::vector<Coding> kSamplings = Samplings();
 
 class JpegSampling : public ::testing::TestWithParam<Coding> {};
 

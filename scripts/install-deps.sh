@@ -17,6 +17,7 @@ packages=(
   python3-venv python3-pip python3-setuptools  # numa_loader installs with pip (tested in a venv)
   strace  # tests slow a process down with its fault injection
   ccache  # CI compiles a file once for its two builds with the same flags
+  valgrind  # tests/valgrind_jpeg_test.sh: the JPEG decode of every sampling under memcheck
   "$@"
 )
 

@@ -223,6 +223,14 @@ std::vector<uint8_t> EncodeJpegCoded(const std::vector<uint8_t>& px, int w, int 
   return out;
 }
 
+const std::vector<NamedJpegSampling>& EveryJpegSampling() {
+  static const std::vector<NamedJpegSampling> all = {
+      {"s444", {3, 1, 1}}, {"s422", {3, 2, 1}}, {"s420", {3, 2, 2}}, {"s440", {3, 1, 2}},
+      {"s411", {3, 4, 1}}, {"s441", {3, 1, 4}}, {"s410", {3, 4, 2}}, {"s3x1", {3, 3, 1}},
+      {"s3x2", {3, 3, 2}}, {"gray", {1, 1, 1}}};
+  return all;
+}
+
 std::vector<uint8_t> PhotoLikePixels(int w, int h, int comps, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<uint8_t> px(static_cast<size_t>(w) * h * comps);

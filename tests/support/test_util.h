@@ -59,6 +59,18 @@ struct JpegCoding {
 // `px` (w x h x k.components, row-major) as a quality-90 JPEG coded as `k`.
 std::vector<uint8_t> EncodeJpegCoded(const std::vector<uint8_t>& px, int w, int h, const JpegCoding& k);
 
+// Every chroma sampling a photograph arrives in, named (s444, s422, s420,
+// s440, s411, s441, s410, s3x1, s3x2, gray), and with them every way
+// libjpeg-turbo upsamples chroma: merged with the colour conversion (4:2:0,
+// 4:2:2 without fancy upsampling), fancy (4:2:0, 4:2:2, 4:4:0), and
+// int_upsample's replication (4:4:0 without fancy upsampling, 4:1:1, 4:4:1,
+// 4:1:0, 3x1, 3x2).
+struct NamedJpegSampling {
+  std::string name;
+  JpegCoding coding;
+};
+const std::vector<NamedJpegSampling>& EveryJpegSampling();
+
 // A photograph-like image of `comps` channels: smooth colour gradients with
 // noise and edges, so that every block has chroma and detail.
 std::vector<uint8_t> PhotoLikePixels(int w, int h, int comps, uint32_t seed);
