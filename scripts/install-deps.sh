@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages this project builds, tests and demos with,
-# and any more named as arguments (scripts/demo.sh adds the photographs'
-# python3-skimage and python3-sklearn, which the tests do not need).
+# and any more named as arguments.
 # Idempotent: when everything is present it only checks and returns.
 set -euo pipefail
 
@@ -17,6 +16,8 @@ packages=(
   python3-venv python3-pip python3-setuptools  # numa_loader installs with pip (tested in a venv)
   strace  # tests slow a process down with its fault injection
   ccache  # CI compiles a file once for its two builds with the same flags
+  valgrind  # tests/valgrind_jpeg_test.sh: the JPEG decode of every sampling under memcheck
+  python3-skimage python3-sklearn  # their photographs: tests/decode_auto_photos_test.sh, demo.sh
   "$@"
 )
 

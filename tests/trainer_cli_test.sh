@@ -81,7 +81,7 @@ expect_out "^rank +data ms mean/p95" "rank 0 prints the per-rank table"
 expect_out "^ +3 +[0-9.]+ / [0-9.]+ " "with a line for rank 3"
 expect_text "straggler: none" "nobody is named without a straggler"
 expect_out "^epoch 0: train loss [0-9.]+, test top-1 [0-9.]+%, top-5" "the epoch line with test accuracy"
-expect_text "trainer: train transform train, pad-crop 4, flip, resize squash, decode fast, layout nchw; eval transform squash" \
+expect_text "trainer: train transform train, pad-crop 4, flip, resize squash, decode auto, layout nchw; eval transform squash" \
   "the start-up lines say which transforms it trains and evaluates with"
 $PY - "$W/m4/metrics.jsonl" >"$W/out" 2>&1 <<'PYEOF'
 import json, sys

@@ -29,7 +29,7 @@ namespace nl {
 // the trainer's: its flag is then `--augment` / `--no-augment`.
 struct TransformFlags {
   std::string resize = "squash", layout = "nchw", mean, std;
-  std::string decode = "auto";  // auto: fast for the train transform, exact for eval
+  std::string decode = "auto";  // auto: exact for eval, chosen per sample for train
   bool augment = false, rrc = false, no_flip = false;
   int pad_crop = 0;
   bool pad_crop_given = false;  // set by the parse when --pad-crop is given

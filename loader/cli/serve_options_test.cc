@@ -291,6 +291,31 @@ TEST(TransformOptions, TheTrainersDefaultIsPadCrop4AndFlip) {
   EXPECT_NE(c.status().message().find("--no-augment"), std::string::npos);
 }
 
+// --decode auto (the default): the eval transform is exact, the train
+// transform's decode is chosen per sample (SampleTransform::ChooseDecode);
+// fast and exact are what they say for both.
+TEST(TransformOptions, DecodeAutoIsExactForEvalAndChosenPerSampleForTrain) {
+  Result<TransformConfig> c = ParseTransform({}, {});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->decode, DecodeMode::kExact);
+  c = ParseTransform({}, {"--augment", "--random-resized-crop"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->decode, DecodeMode::kAuto);
+  EXPECT_EQ(c->auto_min_ratio, kAutoMinRatio);
+  c = ParseTransform({}, {"--augment", "--decode", "fast"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->decode, DecodeMode::kFast);
+  c = ParseTransform({}, {"--decode", "fast"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->decode, DecodeMode::kFast) << "the user's choice, for eval too";
+  c = ParseTransform({}, {"--augment", "--decode", "exact"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->decode, DecodeMode::kExact);
+  c = ParseTransform({}, {"--decode", "quick"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "--decode takes auto, exact or fast, not 'quick'");
+}
+
 TEST(TransformOptions, ElsewhereAugmentIsAskedFor) {
   Result<TransformConfig> c = ParseTransform({}, {});
   ASSERT_TRUE(c.ok());

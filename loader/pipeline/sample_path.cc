@@ -37,18 +37,21 @@ Status SamplePath::Load(uint64_t epoch, uint64_t index, uint8_t* dst, int64_t* l
   SampleGeometry g = transform_.Geometry(w, h, epoch, index);
   SourceView view{rec.payload.data(), w, h, 0, 0, w, h};
   if (rec.header.encoding != Encoding::kRaw) {
-    // --decode fast: a JPEG decoded at n/8 (its geometry scaled to match),
-    // approximately (DecodeImageRegionInto).
+    // --decode fast or auto: a JPEG decoded at n/8 (its geometry scaled to
+    // match), approximately (DecodeImageRegionInto).
     // The decoders go by the payload's bytes, and so does the scale.
-    const int n = DetectImageFormat(rec.payload) == ImageFormat::kJpeg ? transform_.DecodeScale(g) : 8;
+    const DecodeChoice choice = DetectImageFormat(rec.payload) == ImageFormat::kJpeg
+                                    ? transform_.ChooseDecode(g)
+                                    : DecodeChoice{};
+    const int n = choice.scale_eighths;
     int sw = w, sh = h;
     if (n < 8) g = SampleTransform::Scaled(g, w, h, n, &sw, &sh);
     int x, y, rw, rh;
     transform_.SourceRegion(g, sw, sh, &x, &y, &rw, &rh);
     const PixelRect region{static_cast<uint32_t>(x), static_cast<uint32_t>(y), static_cast<uint32_t>(rw),
                            static_cast<uint32_t>(rh)};
-    Status st = DecodeImageRegionInto(rec.payload, limits_, region, &decoded_, n,
-                                      transform_.config().decode == DecodeMode::kFast);
+    Status st =
+        DecodeImageRegionInto(rec.payload, limits_, region, &decoded_, n, choice.approximate);
     if (st.ok()) st = CheckDecodedShape(rec.header, decoded_.image_width, decoded_.image_height);
     const DecodedRegion& d = decoded_;
     if (st.ok() && (d.scale_eighths != n || d.full_width != static_cast<uint32_t>(sw) ||

@@ -157,7 +157,7 @@ TEST(SamplePath, FastDecodeScalesInTheDctDomainAndStaysNearExact) {
     ASSERT_TRUE(fast_path.Load(epoch, 0, got.data(), &label).ok());
     ASSERT_TRUE(exact_path.Load(epoch, 0, ex.data(), &label).ok());
     const SampleGeometry g = alone.Geometry(480, 360, epoch, 0);
-    const int scale = alone.DecodeScale(g);
+    const int scale = alone.ChooseDecode(g).scale_eighths;
     ASSERT_TRUE(scale == 1 || scale == 2 || scale == 4 || scale == 8) << scale;
     if (scale < 8) {
       EXPECT_GE(g.crop_w * scale, 8 * 64) << "the scaled crop is at least the output";
@@ -182,6 +182,62 @@ TEST(SamplePath, FastDecodeScalesInTheDctDomainAndStaysNearExact) {
               diff / static_cast<double>(n), scaled);
   EXPECT_GT(scaled, 3) << "few crops were small enough to scale";
   EXPECT_LT(diff / static_cast<double>(n), 2.0) << "mean |fast - exact| in levels";
+}
+
+// --decode auto: each sample decoded as ChooseDecode says from its
+// geometry, through the same path: where the crop at a scale below 8/8
+// stays at least twice the output, the fast decode at that scale (the
+// transform of the whole image decoded so); elsewhere exactly the exact
+// sample. Both kinds occur over these crops.
+TEST(SamplePath, AutoIsFastWhereTheScaledCropStaysTwiceTheOutputAndExactElsewhere) {
+  testing::ScratchDir d;
+  Image img = testing::PatternImage(480, 360, 3);
+  const std::vector<uint8_t> jpg = *EncodeJpeg(img.pixels, img.width, img.height, 3);
+  RecordHeader h;
+  h.encoding = Encoding::kJpeg;
+  h.width = img.width;
+  h.height = img.height;
+  testing::TestShardSetSpec spec;
+  spec.encoding = "jpeg";
+  testing::WriteShardSetForTest(d / "set", {testing::CraftRecord(h, jpg)}, spec);
+  Opened o = Open(d / "set");
+  TransformConfig exact;
+  exact.image_size = 48;
+  exact.train = true;
+  exact.random_resized_crop = true;
+  exact.layout = Layout::kNHWC;
+  TransformConfig automatic = exact;
+  automatic.decode = DecodeMode::kAuto;
+  SamplePath auto_path(*o.reader, automatic, DecodeLimits{}),
+      exact_path(*o.reader, exact, DecodeLimits{});
+  SampleTransform alone(automatic);
+  std::vector<uint8_t> got(auto_path.sample_bytes()), want(got.size());
+  int scaled = 0, exacts = 0;
+  for (uint64_t epoch = 0; epoch < 32; ++epoch) {
+    int64_t label;
+    ASSERT_TRUE(auto_path.Load(epoch, 0, got.data(), &label).ok());
+    const SampleGeometry g = alone.Geometry(480, 360, epoch, 0);
+    const DecodeChoice c = alone.ChooseDecode(g);
+    if (!c.approximate) {
+      ASSERT_EQ(c.scale_eighths, 8);
+      ASSERT_TRUE(exact_path.Load(epoch, 0, want.data(), &label).ok());
+      EXPECT_EQ(got, want) << "epoch " << epoch << ": exact";
+      ++exacts;
+      continue;
+    }
+    ASSERT_LT(c.scale_eighths, 8);
+    EXPECT_GE(g.crop_w * c.scale_eighths, 2 * 8 * g.full_w) << "epoch " << epoch;
+    EXPECT_GE(g.crop_h * c.scale_eighths, 2 * 8 * g.full_h) << "epoch " << epoch;
+    int sw, sh;
+    const SampleGeometry gs = SampleTransform::Scaled(g, 480, 360, c.scale_eighths, &sw, &sh);
+    DecodedRegion whole;
+    ASSERT_TRUE(DecodeJpegRegionInto(jpg, {}, {}, &whole, c.scale_eighths, true).ok());
+    alone.Apply(SourceView{whole.image.pixels.data(), sw, sh, 0, 0, sw, sh}, gs, want.data());
+    EXPECT_EQ(got, want) << "epoch " << epoch << " at " << c.scale_eighths << "/8";
+    ++scaled;
+  }
+  EXPECT_GT(scaled, 3);
+  EXPECT_GT(exacts, 3);
 }
 
 // The scale follows the payload's bytes, not the record's encoding field: a

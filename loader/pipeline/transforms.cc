@@ -23,23 +23,44 @@ Result<Layout> ParseLayout(const std::string& s) {
 Result<DecodeMode> ParseDecodeMode(const std::string& s) {
   if (s == "exact") return DecodeMode::kExact;
   if (s == "fast") return DecodeMode::kFast;
-  return Status::InvalidArgument("unknown decode mode '" + s + "' (use exact or fast)");
+  if (s == "auto") return DecodeMode::kAuto;
+  return Status::InvalidArgument("unknown decode mode '" + s + "' (use exact, fast or auto)");
 }
 
-const char* DecodeModeName(DecodeMode m) { return m == DecodeMode::kFast ? "fast" : "exact"; }
+const char* DecodeModeName(DecodeMode m) {
+  switch (m) {
+    case DecodeMode::kFast:
+      return "fast";
+    case DecodeMode::kAuto:
+      return "auto";
+    case DecodeMode::kExact:
+      break;
+  }
+  return "exact";
+}
 
-int SampleTransform::DecodeScale(const SampleGeometry& g) const {
-  if (c_.decode != DecodeMode::kFast || g.pad != 0 || g.crop_w < 1 || g.crop_h < 1) return 8;
-  // The smallest n of 1, 2, 4, 8 with crop * n / 8 >= full along both axes.
-  // (Not 3, 5, 6 or 7: libjpeg-turbo's IDCTs for those scales, and for the
-  // chroma's 10x10 to 14x14 that go with them, are plain C, and on our photo
-  // set a full-scale SIMD decode and a longer resize were faster.)
-  const int64_t nx = (int64_t{8} * g.full_w + g.crop_w - 1) / g.crop_w;
-  const int64_t ny = (int64_t{8} * g.full_h + g.crop_h - 1) / g.crop_h;
-  const int64_t need = std::max(nx, ny);
+namespace {
+// The smallest n of 1, 2, 4, 8 with crop * n / 8 >= ratio * full along both
+// axes (8 where none is). (Not 3, 5, 6 or 7: libjpeg-turbo's IDCTs for
+// those scales, and for the chroma's 10x10 to 14x14 that go with them, are
+// plain C, and on our photo set a full-scale SIMD decode and a longer
+// resize were faster.)
+int SmallestScale(const SampleGeometry& g, double ratio) {
   int n = 1;
-  while (n < need && n < 8) n *= 2;
+  while (n < 8 && (static_cast<double>(g.crop_w) * n < ratio * 8.0 * g.full_w ||
+                   static_cast<double>(g.crop_h) * n < ratio * 8.0 * g.full_h)) {
+    n *= 2;
+  }
   return n;
+}
+}  // namespace
+
+DecodeChoice SampleTransform::ChooseDecode(const SampleGeometry& g) const {
+  if (c_.decode == DecodeMode::kExact) return {8, false};
+  const bool padded = g.pad != 0 || g.crop_w < 1 || g.crop_h < 1;
+  if (c_.decode == DecodeMode::kFast) return {padded ? 8 : SmallestScale(g, 1.0), true};
+  const int n = padded ? 8 : SmallestScale(g, c_.auto_min_ratio);
+  return n < 8 ? DecodeChoice{n, true} : DecodeChoice{8, false};
 }
 
 SampleGeometry SampleTransform::Scaled(const SampleGeometry& g, int w, int h, int n, int* sw, int* sh) {

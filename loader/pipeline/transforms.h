@@ -25,13 +25,19 @@ namespace nl {
 
 enum class ResizeMode { kSquash, kShorterCrop };
 // How a JPEG is decoded: exact (the crop's region at full scale: the pixels
-// of a full decode) or fast (that region scaled down in libjpeg's DCT domain
+// of a full decode), fast (that region scaled down in libjpeg's DCT domain
 // by 1/2, 1/4 or 1/8 as far as the crop stays at least the resize's size,
-// its chroma upsampled by replication, then resized: not Pillow's bytes,
-// under a level off on average on photographs).
-enum class DecodeMode { kExact, kFast };
-Result<DecodeMode> ParseDecodeMode(const std::string& s);  // "exact" or "fast"
+// its chroma upsampled by replication, then resized: not Pillow's bytes;
+// on photographs 0.4 levels off on average at 224 px, about 2 at 32-64 px,
+// see docs/DECODE.md), or auto: per sample, fast at the smallest scale that
+// keeps the crop at least TransformConfig::auto_min_ratio times the
+// resize's size, and exact where no scale below full does.
+enum class DecodeMode { kExact, kFast, kAuto };
+Result<DecodeMode> ParseDecodeMode(const std::string& s);  // "exact", "fast" or "auto"
 const char* DecodeModeName(DecodeMode m);
+// The ratio auto keeps a scaled crop above (docs/DECODE.md: where the mean
+// difference from exact stays under 2 levels at every size measured).
+inline constexpr double kAutoMinRatio = 2.0;
 enum class Layout { kNCHW, kNHWC };
 Result<ResizeMode> ParseResizeMode(const std::string& s);
 Result<Layout> ParseLayout(const std::string& s);
@@ -50,6 +56,7 @@ struct TransformConfig {
   double rrc_ratio[2] = {3.0 / 4.0, 4.0 / 3.0};
   bool flip = true;  // train: random horizontal flip
   DecodeMode decode = DecodeMode::kExact;
+  double auto_min_ratio = kAutoMinRatio;  // DecodeMode::kAuto's
   Layout layout = Layout::kNCHW;
   bool normalize = false;  // float32 (x/255 - mean) / std instead of uint8
   std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
@@ -65,6 +72,14 @@ struct SampleGeometry {
   bool flip = false;
   int full_w = 0, full_h = 0;  // size the crop is resized to
   int out_x = 0, out_y = 0;    // window of that resize that is kept (S x S)
+};
+
+// How one sample's JPEG is decoded (SampleTransform::ChooseDecode): at
+// scale_eighths / 8, in libjpeg's DCT domain, with chroma by replication
+// and no margin when `approximate` (DecodeImageRegionInto).
+struct DecodeChoice {
+  int scale_eighths = 8;
+  bool approximate = false;
 };
 
 // The source Apply reads: a full image of w x h whose columns
@@ -94,10 +109,13 @@ class SampleTransform {
   // the image (empty, w or h 0, when only padding is read). What a region
   // decode is asked for.
   void SourceRegion(const SampleGeometry& g, int w, int h, int* x, int* y, int* rw, int* rh);
-  // The scale (N of 8) a JPEG of this geometry is decoded at: 8 but with
-  // DecodeMode::kFast, where it is the smallest that keeps the crop at
-  // least the resize's size (8 where the crop is padded).
-  int DecodeScale(const SampleGeometry& g) const;
+  // How a JPEG of this geometry is decoded. kExact: at full scale, exactly.
+  // kFast: approximately, at the smallest scale of 1, 2, 4 and 8 eighths
+  // that keeps the crop at least the resize's size on both axes. kAuto:
+  // approximately at the smallest scale below 8 that keeps it at least
+  // auto_min_ratio times that size, else exactly at full scale. A padded
+  // crop is decoded at full scale (approximately with kFast).
+  DecodeChoice ChooseDecode(const SampleGeometry& g) const;
   // Geometry g (of a w x h source) for that source decoded at n/8 (its
   // size *sw x *sh): the crop scaled, the output unchanged.
   static SampleGeometry Scaled(const SampleGeometry& g, int w, int h, int n, int* sw, int* sh);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
+#include <tuple>
 
 #include "tests/support/test_util.h"
 
@@ -202,6 +204,102 @@ TEST(Transform, ParsesModesAndLayoutsAndNamesBadOnes) {
   Status layout = ParseLayout("chw").status();
   EXPECT_EQ(layout.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(layout.message(), "unknown layout 'chw' (use nchw or nhwc)");
+  for (const DecodeMode m : {DecodeMode::kExact, DecodeMode::kFast, DecodeMode::kAuto}) {
+    EXPECT_EQ(*ParseDecodeMode(DecodeModeName(m)), m) << DecodeModeName(m);
+  }
+  EXPECT_EQ(ParseDecodeMode("quick").status().message(),
+            "unknown decode mode 'quick' (use exact, fast or auto)");
+}
+
+// A geometry: a crop of cw x ch resized to full x full, padded by `pad`.
+SampleGeometry Crop(int cw, int ch, int full, int pad = 0) {
+  SampleGeometry g;
+  g.crop_w = cw;
+  g.crop_h = ch;
+  g.full_w = g.full_h = full;
+  g.pad = pad;
+  return g;
+}
+
+// The decode each mode picks from the geometry alone: exact is full scale;
+// fast the smallest of 1/8, 1/4, 1/2 and 1 that keeps the crop at least
+// the output size; auto the smallest below 1 that keeps it at least
+// auto_min_ratio (2) times that size, approximately, else exact. The
+// bounds are met exactly at 2x (a 256 px crop for 64 px at 1/2 is 128).
+TEST(Transform, AutoDecodesScaledOnlyWhereTheScaledCropStaysTwiceTheOutput) {
+  TransformConfig c;
+  c.image_size = 64;
+  const SampleTransform exact(c);
+  c.decode = DecodeMode::kFast;
+  const SampleTransform fast(c);
+  c.decode = DecodeMode::kAuto;
+  const SampleTransform automatic(c);
+  ASSERT_EQ(c.auto_min_ratio, 2.0);
+  struct Case {
+    SampleGeometry g;
+    DecodeChoice exact, fast, automatic;
+  };
+  const Case cases[] = {
+      // 300 rows at 1/4 are 75 >= 64; at 1/2, 150 >= 128 (2x).
+      {Crop(400, 300, 64), {8, false}, {2, true}, {4, true}},
+      {Crop(256, 256, 64), {8, false}, {2, true}, {4, true}},    // 128 = 2 x 64
+      {Crop(255, 256, 64), {8, false}, {4, true}, {8, false}},   // 63.75 < 64; 127.5 < 128
+      {Crop(1024, 1024, 64), {8, false}, {1, true}, {1, true}},  // 128 at 1/8
+      {Crop(1023, 2048, 64), {8, false}, {1, true}, {2, true}},
+      {Crop(200, 150, 64), {8, false}, {4, true}, {8, false}},  // 75 at 1/2: under 2x
+      {Crop(100, 100, 64),
+       {8, false},
+       {8, true},
+       {8, false}},  // no scale: fast is still approximate
+      {Crop(1000, 1000, 64, 4), {8, false}, {8, true}, {8, false}},  // padded: full scale
+      {Crop(0, 0, 64), {8, false}, {8, true}, {8, false}},
+      // The crop is compared with what it is resized to (shorter-crop's
+      // full_w x full_h), not the window kept.
+      {[] {
+         SampleGeometry g = Crop(900, 600, 0);
+         g.full_w = 96;
+         g.full_h = 64;
+         return g;
+       }(),
+       {8, false},
+       {1, true},
+       {2, true}},
+  };
+  for (const Case& k : cases) {
+    const std::string what = std::to_string(k.g.crop_w) + "x" + std::to_string(k.g.crop_h) +
+                             " to " + std::to_string(k.g.full_w) + "x" +
+                             std::to_string(k.g.full_h) + ", pad " + std::to_string(k.g.pad);
+    for (const auto& [t, want, name] :
+         {std::tuple{&exact, k.exact, "exact"}, std::tuple{&fast, k.fast, "fast"},
+          std::tuple{&automatic, k.automatic, "auto"}}) {
+      const DecodeChoice got = t->ChooseDecode(k.g);
+      EXPECT_EQ(got.scale_eighths, want.scale_eighths) << name << ", " << what;
+      EXPECT_EQ(got.approximate, want.approximate) << name << ", " << what;
+    }
+  }
+  // Over RandomResizedCrop's geometries and another ratio: auto's scale is
+  // the smallest that keeps the scaled crop at least ratio x the output on
+  // both axes, never smaller than fast's, and full scale is exact.
+  c.random_resized_crop = c.train = true;
+  c.auto_min_ratio = 3;
+  const SampleTransform rrc(c);
+  for (uint64_t i = 0; i < 500; ++i) {
+    const SampleGeometry g = rrc.Geometry(500, 375, 0, i);
+    const DecodeChoice a = rrc.ChooseDecode(g);
+    const int n = a.scale_eighths;
+    ASSERT_TRUE(n == 1 || n == 2 || n == 4 || n == 8) << n;
+    EXPECT_EQ(a.approximate, n < 8) << i;
+    EXPECT_GE(n, fast.ChooseDecode(g).scale_eighths) << i;
+    const auto fits = [&g](int m) {
+      return g.crop_w * m >= 3 * 8 * g.full_w && g.crop_h * m >= 3 * 8 * g.full_h;
+    };
+    if (n < 8) {
+      EXPECT_TRUE(fits(n)) << i;
+    }
+    if (n > 1) {
+      EXPECT_FALSE(fits(n / 2)) << i;
+    }
+  }
 }
 
 }  // namespace

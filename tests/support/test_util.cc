@@ -189,6 +189,61 @@ void WriteText(const std::string& path, const std::string& text) {
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
+std::vector<uint8_t> EncodeJpegCoded(const std::vector<uint8_t>& px, int w, int h, const JpegCoding& k) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);  // valid parameters: libjpeg never fails here
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = static_cast<JDIMENSION>(w);
+  c.image_height = static_cast<JDIMENSION>(h);
+  c.input_components = k.components;
+  c.in_color_space = k.components == 1 ? JCS_GRAYSCALE : k.components == 3 ? JCS_RGB : JCS_CMYK;
+  jpeg_set_defaults(&c);
+  if (k.components == 4) jpeg_set_colorspace(&c, JCS_YCCK);
+  jpeg_set_quality(&c, 90, TRUE);
+  c.comp_info[0].h_samp_factor = k.h_samp;
+  c.comp_info[0].v_samp_factor = k.v_samp;
+  for (int i = 1; i < c.num_components; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
+  if (k.progressive) jpeg_simple_progression(&c);
+  c.restart_in_rows = k.restart_rows;
+  if (k.restart_mcus > 0) c.restart_interval = static_cast<unsigned>(k.restart_mcus);
+  jpeg_start_compress(&c, TRUE);
+  const size_t stride = static_cast<size_t>(w) * k.components;
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(px.data()) + c.next_scanline * stride;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::vector<uint8_t> out(buf, buf + size);
+  free(buf);
+  return out;
+}
+
+const std::vector<NamedJpegSampling>& EveryJpegSampling() {
+  static const std::vector<NamedJpegSampling> all = {
+      {"s444", {3, 1, 1}}, {"s422", {3, 2, 1}}, {"s420", {3, 2, 2}}, {"s440", {3, 1, 2}},
+      {"s411", {3, 4, 1}}, {"s441", {3, 1, 4}}, {"s410", {3, 4, 2}}, {"s3x1", {3, 3, 1}},
+      {"s3x2", {3, 3, 2}}, {"gray", {1, 1, 1}}};
+  return all;
+}
+
+std::vector<uint8_t> PhotoLikePixels(int w, int h, int comps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * comps);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int ch = 0; ch < comps; ++ch) {
+        const int edge = ((x / 13 + y / 7 + ch) % 3 == 0) ? 60 : 0;
+        const int v = (x * (3 + ch) + y * (5 - ch)) % 200 + edge + static_cast<int>(rng() % 24);
+        px[(static_cast<size_t>(y) * w + x) * comps + ch] = static_cast<uint8_t>(std::min(v, 255));
+      }
+  return px;
+}
+
 std::vector<uint8_t> JpegRowRestartsCannotEncode() {
   const JDIMENSION w = 64, h = 16;
   std::vector<uint8_t> gray(size_t{w} * h, 128);

@@ -47,6 +47,34 @@ struct PngSpec {
 };
 std::vector<uint8_t> EncodePngForTest(const PngSpec& spec);
 
+// How a test JPEG is coded by libjpeg's own compressor, which (unlike
+// TurboJPEG's) takes any sampling factors and restart intervals.
+struct JpegCoding {
+  int components = 3;  // 1 gray, 3 RGB (coded YCbCr), 4 CMYK (coded YCCK)
+  int h_samp = 2, v_samp = 2;  // the first component's; the others 1x1
+  bool progressive = false;
+  int restart_rows = 0;  // a restart marker every N MCU rows (0: none)
+  int restart_mcus = 0;  // a restart marker every N MCUs (0: none), rows or not
+};
+// `px` (w x h x k.components, row-major) as a quality-90 JPEG coded as `k`.
+std::vector<uint8_t> EncodeJpegCoded(const std::vector<uint8_t>& px, int w, int h, const JpegCoding& k);
+
+// Every chroma sampling a photograph arrives in, named (s444, s422, s420,
+// s440, s411, s441, s410, s3x1, s3x2, gray), and with them every way
+// libjpeg-turbo upsamples chroma: merged with the colour conversion (4:2:0,
+// 4:2:2 without fancy upsampling), fancy (4:2:0, 4:2:2, 4:4:0), and
+// int_upsample's replication (4:4:0 without fancy upsampling, 4:1:1, 4:4:1,
+// 4:1:0, 3x1, 3x2).
+struct NamedJpegSampling {
+  std::string name;
+  JpegCoding coding;
+};
+const std::vector<NamedJpegSampling>& EveryJpegSampling();
+
+// A photograph-like image of `comps` channels: smooth colour gradients with
+// noise and edges, so that every block has chroma and detail.
+std::vector<uint8_t> PhotoLikePixels(int w, int h, int comps, uint32_t seed);
+
 // A valid gray 64x16 JPEG (6 KB of comment first) that AddJpegRowRestarts
 // cannot rewrite: its DC coefficients climb by 600 a block along one row
 // and come down along the next, so every difference between neighbours fits
