@@ -1,6 +1,6 @@
 """numa_loader.Loader against real `loader serve` processes it starts itself.
 
-Usage: loader_test.py PACK_TOOL LOADER PYTHON_DIR
+Usage: loader_test.py PACK_TOOL LOADER PYTHON_DIR [--part torch|plain] [unittest names]
 """
 
 import json
@@ -773,5 +773,35 @@ class GuideTest(unittest.TestCase):
         self.assertRegex(p.stdout, r"guide train.py: 2 epochs of 4 batches")
 
 
+def main():
+    """Runs the part named by --part (torch: the LibTorch- and torchrun-bound
+    classes; plain: the others; all by default), then any unittest arguments.
+    A run with a skipped test and no failure exits 77, which ctest
+    (SKIP_RETURN_CODE 77) reports as skipped, never as passed: the two parts
+    are ctest tests of their own, so each is wholly run or wholly skipped."""
+    args = sys.argv[4:]
+    part = "all"
+    if args[:1] == ["--part"] and len(args) > 1:
+        part, args = args[1], args[2:]
+    bound = {TorchrunTest, GuideTest}
+    loader = unittest.TestLoader()
+    if args:
+        suite = loader.loadTestsFromNames(args, sys.modules[__name__])
+    else:
+        suite = unittest.TestSuite()
+        for c in (v for v in globals().values() if isinstance(v, type) and issubclass(v, unittest.TestCase)):
+            if part == "all" or (part == "torch") == (c in bound):
+                suite.addTests(loader.loadTestsFromTestCase(c))
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    if not result.wasSuccessful():
+        sys.exit(1)
+    if result.skipped:
+        print("%d of %d tests skipped: %s" % (len(result.skipped), result.testsRun,
+                                             "; ".join(sorted({why for _, why in result.skipped}))))
+        sys.exit(77)
+    if result.testsRun == 0:
+        sys.exit("no test ran")
+
+
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:])
+    main()
