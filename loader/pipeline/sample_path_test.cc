@@ -121,6 +121,21 @@ TEST(SamplePath, AJpegDecodedAsFarAsItsCropGivesTheFullDecodesSample) {
   EXPECT_GT(cropped, 0) << "no crop was small enough to leave most of an image undecoded";
 }
 
+// A shard set of one JPEG record: a 480x360 pattern (seed `seed`), in *img,
+// encoded as *jpg.
+Opened OneJpegSet(const testing::ScratchDir& d, int seed, Image* img, std::vector<uint8_t>* jpg) {
+  *img = testing::PatternImage(480, 360, seed);
+  *jpg = *EncodeJpeg(img->pixels, img->width, img->height, 3);
+  RecordHeader h;
+  h.encoding = Encoding::kJpeg;
+  h.width = img->width;
+  h.height = img->height;
+  testing::TestShardSetSpec spec;
+  spec.encoding = "jpeg";
+  testing::WriteShardSetForTest(d / "set", {testing::CraftRecord(h, *jpg)}, spec);
+  return Open(d / "set");
+}
+
 // --decode fast: a JPEG whose crop is at least twice the output is decoded
 // at a DCT scale n/8 < 1 (n a power of two), as far as its scaled crop
 // reads it, approximately (chroma by replication); the sample is the
@@ -129,16 +144,9 @@ TEST(SamplePath, AJpegDecodedAsFarAsItsCropGivesTheFullDecodesSample) {
 // and green are gradients; blue, noise, is left out).
 TEST(SamplePath, FastDecodeScalesInTheDctDomainAndStaysNearExact) {
   testing::ScratchDir d;
-  Image img = testing::PatternImage(480, 360, 2);
-  const std::vector<uint8_t> jpg = *EncodeJpeg(img.pixels, img.width, img.height, 3);
-  RecordHeader h;
-  h.encoding = Encoding::kJpeg;
-  h.width = img.width;
-  h.height = img.height;
-  testing::TestShardSetSpec spec;
-  spec.encoding = "jpeg";
-  testing::WriteShardSetForTest(d / "set", {testing::CraftRecord(h, jpg)}, spec);
-  Opened o = Open(d / "set");
+  Image img;
+  std::vector<uint8_t> jpg;
+  Opened o = OneJpegSet(d, 2, &img, &jpg);
   TransformConfig exact;
   exact.image_size = 64;
   exact.train = true;
@@ -191,16 +199,9 @@ TEST(SamplePath, FastDecodeScalesInTheDctDomainAndStaysNearExact) {
 // sample. Both kinds occur over these crops.
 TEST(SamplePath, AutoIsFastWhereTheScaledCropStaysTwiceTheOutputAndExactElsewhere) {
   testing::ScratchDir d;
-  Image img = testing::PatternImage(480, 360, 3);
-  const std::vector<uint8_t> jpg = *EncodeJpeg(img.pixels, img.width, img.height, 3);
-  RecordHeader h;
-  h.encoding = Encoding::kJpeg;
-  h.width = img.width;
-  h.height = img.height;
-  testing::TestShardSetSpec spec;
-  spec.encoding = "jpeg";
-  testing::WriteShardSetForTest(d / "set", {testing::CraftRecord(h, jpg)}, spec);
-  Opened o = Open(d / "set");
+  Image img;
+  std::vector<uint8_t> jpg;
+  Opened o = OneJpegSet(d, 3, &img, &jpg);
   TransformConfig exact;
   exact.image_size = 48;
   exact.train = true;
