@@ -181,7 +181,11 @@ Result<ChildProcess> ChildProcess::Spawn(const Launch& l) {
     if (err == 0 && l.channel_fd >= 0 && fcntl(l.channel_fd, F_SETFD, 0) != 0) err = errno;  // kept across exec
     if (err == 0 && l.body) {
       report_write.Reset();  // set up: the parent reads no errno
-      _exit((*l.body)());
+      try {
+        _exit((*l.body)());
+      } catch (...) {  // never unwind into the parent's code in the child
+        _exit(126);
+      }
     }
     if (err == 0) {
       execve(l.argv[0], l.argv, l.envp);

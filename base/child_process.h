@@ -80,9 +80,11 @@ class ChildProcess {
   // or leak, kept out of this process: hwloc's discovery of the machine),
   // with the same parent-death signal and stdout and stderr on the given
   // descriptors (-1: inherited); body's return is the child's exit status.
-  // The child is a fork of a process that may have threads: body must only
-  // use what was made before the fork and calls safe there. `what` names it
-  // in errors.
+  // The child is a fork of a process that may have threads: what body calls
+  // must not need a lock another thread held at the fork (hwloc's discovery
+  // allocates: a child stuck so is what the caller's watchdog is for). An
+  // exception out of body ends the child with status 126. `what` names it in
+  // errors.
   static Result<ChildProcess> Fork(const std::string& what, const std::function<int()>& body, int stdout_fd,
                                    int stderr_fd);
   ChildProcess() = default;

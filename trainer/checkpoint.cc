@@ -29,13 +29,15 @@ std::string ShapeText(const torch::Tensor& t) {
 }
 
 // Why LibTorch could not open `path` as an archive, in our words. A
-// checkpoint is a zip archive: one that starts as a zip but whose end record
-// is missing was cut short (a copy that stopped, a full disk outside the
-// atomic writer); one that starts as a zip and still fails is damaged;
-// anything else is not a checkpoint.
+// checkpoint is a zip archive, which begins with a local header and ends
+// with an end record. An empty file, or one that begins as a zip but whose
+// end record is missing, was cut short (a copy that stopped, a full disk
+// outside the atomic writer); a whole zip that lacks a checkpoint's records
+// (another program's archive) is not a checkpoint; a zip whose start or
+// inside is broken is damaged; anything else is not a checkpoint.
 std::string WhyUnreadable(const std::string& path, const std::string& libtorch) {
   std::string head, tail;
-  off_t size = 0;
+  off_t size = -1;
   if (FILE* f = std::fopen(path.c_str(), "rb")) {
     char b[4] = {0};
     head.assign(b, std::fread(b, 1, sizeof b, f));
@@ -48,23 +50,32 @@ std::string WhyUnreadable(const std::string& path, const std::string& libtorch) 
     std::fclose(f);
   }
   const std::string told = " (LibTorch: " + libtorch + ")";
-  if (head != std::string("PK\x03\x04", 4)) {
-    return "it is not a checkpoint of this trainer (LibTorch cannot read it as one: " + libtorch + ")";
-  }
-  // The end record: its signature, then its comment's length at bytes 20-21,
+  const std::string again = ": resume from another checkpoint" + told;
+  if (size == 0) return "it is empty (0 bytes): a damaged checkpoint, cut short to nothing" + again;
+    // The end record: its signature, then its comment's length at bytes 20-21,
   // that comment ending the file (a signature elsewhere is only data).
+  const std::string end_sig("PK\x05\x06", 4);
   bool ends = false;
-  for (size_t at = tail.rfind(std::string("PK\x05\x06", 4)); at != std::string::npos && !ends;
-       at = at ? tail.rfind(std::string("PK\x05\x06", 4), at - 1) : std::string::npos) {
+  for (size_t at = tail.rfind(end_sig); at != std::string::npos && !ends;
+       at = at ? tail.rfind(end_sig, at - 1) : std::string::npos) {
     const auto byte = [&](size_t i) { return static_cast<size_t>(static_cast<unsigned char>(tail[i])); };
     ends = at + 22 <= tail.size() && at + 22 + (byte(at + 20) | byte(at + 21) << 8) == tail.size();
   }
-  if (!ends) {
-    return "it is a damaged checkpoint: cut short (its " + std::to_string(size) +
-           " bytes begin as a checkpoint's archive, but the archive's end is missing): resume from another "
-           "checkpoint" + told;
+  const bool zip_head = head == std::string("PK\x03\x04", 4);
+  // (LibTorch's words for an archive that is whole but not laid out as its own.)
+  const bool lacks_record = libtorch.find("hasRecord") != std::string::npos ||
+                            libtorch.find("failed locating file") != std::string::npos ||
+                            libtorch.find("is not in a subdirectory") != std::string::npos;
+  if (zip_head && ends && lacks_record) {
+    return "it is not a checkpoint of this trainer (a zip archive without a checkpoint's records" + told + ")";
   }
-  return "it is a damaged checkpoint (its archive cannot be read): resume from another checkpoint" + told;
+  if (zip_head && !ends) {  // (or bytes added after its end: rarer than a copy cut short)
+    return "it is a damaged checkpoint: cut short (its " + std::to_string(size) +
+           " bytes begin as a checkpoint's archive, but the archive's end is missing)" + again;
+  }
+  if (!zip_head && ends) return "it is a damaged checkpoint (its first bytes are not an archive's)" + again;
+  if (!zip_head) return "it is not a checkpoint of this trainer (LibTorch cannot read it as one: " + libtorch + ")";
+  return "it is a damaged checkpoint (its archive cannot be read)" + again;
 }
 
 std::string Older(const std::string& path, const std::string& what) {
@@ -210,6 +221,11 @@ void CheckFits(const std::string& path, const Checkpoint& c, const Checkpoint& e
     throw RankError(from + std::to_string(c.world) + " ranks of batch " + std::to_string(c.batch_size) +
                     "; this run has " + std::to_string(expect.world) + " of " + std::to_string(expect.batch_size) +
                     " (the sample order would differ): resume with the same ranks and batch size");
+  }
+  if (c.order.empty() && expect.order != "random") {  // random order's sequence is as it was
+    throw RankError(from + "a run whose sample order it does not record (an earlier trainer, which sized blocks "
+                    "otherwise); this run reads them in order " + expect.order +
+                    ": resume with --order random if that run read in random order, else start again");
   }
   if (!c.order.empty() && c.order != expect.order) {
     const bool blocks = c.order != "random";

@@ -30,7 +30,8 @@ struct Checkpoint {
   // or "blocks of K samples, W a window"), and the read-ahead memory its
   // blocks were sized from: a resume in another order would train some
   // samples twice and others never. Empty: a checkpoint of an older trainer
-  // (its order unknown).
+  // (its order unknown: resumed in random order only, whose sequence is as
+  // it was; blocks were sized otherwise then).
   std::string order;
   int64_t io_memory = 0;
 };

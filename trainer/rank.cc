@@ -384,7 +384,7 @@ void Rank::Rendezvous() {
   const std::string resume_at = o_.resume.empty() ? "none" : "epoch " + std::to_string(at_.epoch) + ", batch " +
                                                                   std::to_string(at_.batch) + ", step " +
                                                                   std::to_string(at_.step);
-  AgreeSettings(*store_, p_.rank, p_.world, SharedSettings(o_, manifest_, resume_at, SequenceOf(read_plan_, false)),
+  AgreeSettings(*store_, p_.rank, p_.world, SharedSettings(o_, manifest_, resume_at, SequenceOf(read_plan_)),
                 StoreWhere(p_), timeout_);
   hb_ = std::make_unique<Heartbeat>(store_address_, p_.rank, p_.world);
   comm_ = std::make_unique<Comm>(CreateProcessGroup(store_, p_, timeout_, g_.device.is_cuda()), p_.world, timeout_,

@@ -62,8 +62,9 @@ Settings SharedSettings(const Options& o, const Manifest& m, const std::string& 
       {"--eval-transform", o.eval_transform},
       {"--order", OrderChoiceName(o.order)},
       // auto resolves by each node's memory, and blocks by --io-memory: the
-      // ranks' shares must be cut from one sequence of blocks (the window
-      // is each rank's own shuffle of its share).
+      // ranks' shares are cut from one sequence of blocks, and a checkpoint
+      // records rank 0's window for every rank (capped at a rank's share,
+      // windows differ only where the memories do).
       {"the sample order (resolved)", sequence},
       {"--seed", std::to_string(o.seed)},
       {"--epochs", std::to_string(o.epochs)},

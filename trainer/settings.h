@@ -24,7 +24,7 @@ using Settings = std::vector<std::pair<std::string, std::string>>;
 // order, seed, epochs and steps, the schedule (lr, momentum, weight decay,
 // label smoothing, warm-up), where the images are resized, the evaluation
 // split, the position a resume starts from (`resume_at`), and the sample
-// order as the loader resolved it (`sequence`: SequenceOf(ReadPlan, false)).
+// order as the loader resolved it (`sequence`: SequenceOf(ReadPlan)).
 Settings SharedSettings(const Options& o, const Manifest& m, const std::string& resume_at,
                         const std::string& sequence);
 

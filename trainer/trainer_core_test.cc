@@ -691,9 +691,9 @@ TEST(TrainerSettings, EveryTrainingSettingIsCompared) {
   // The same --order auto resolved differently (another node's memory), or
   // blocks sized from another --io-memory: named, though every flag agrees.
   const std::vector<std::string> seq =
-      SettingsDiffer({base, SharedSettings(o, m, "none", "blocks of 6 samples")});
+      SettingsDiffer({base, SharedSettings(o, m, "none", "blocks of 6 samples, 600 a window")});
   ASSERT_EQ(seq.size(), 1u);
-  EXPECT_EQ(seq[0], "the sample order (resolved) (rank 0: random; rank 1: blocks of 6 samples)");
+  EXPECT_EQ(seq[0], "the sample order (resolved) (rank 0: random; rank 1: blocks of 6 samples, 600 a window)");
 }
 
 }  // namespace

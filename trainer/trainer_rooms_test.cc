@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <system_error>
 
 #include "base/file_util.h"
@@ -151,7 +152,20 @@ TEST(TrainerCheckpoint, RefusesOneThatDoesNotFit) {
                 " was written for a run that read its samples in order blocks of 6 samples, 600 a window; this run "
                 "reads them in order blocks of 12 samples, 600 a window (the rest of the epoch would train some "
                 "samples twice and others never): resume with --order blocks --io-memory 67108864 on the same ranks");
+  // A checkpoint of an earlier trainer (no order recorded): random order's
+  // sequence is as it was, so it resumes so; blocks were sized otherwise
+  // then, so a resume in blocks order is refused.
+  Checkpoint older = Fields();
+  older.order.clear();
+  const std::string opath = d / "older.pt";
+  SaveCheckpoint(opath, *a.model, *a.opt, older);
+  EXPECT_EQ(ErrorOf([&] { LoadCheckpoint(opath, *b.model, *b.opt, blocks); }).first,
+            "the checkpoint " + opath +
+                " was written for a run whose sample order it does not record (an earlier trainer, which sized "
+                "blocks otherwise); this run reads them in order blocks of 6 samples, 600 a window: resume with "
+                "--order random if that run read in random order, else start again");
   EXPECT_EQ(ParamHash(*b.model), before) << "a refused checkpoint changes nothing";
+  EXPECT_NO_THROW(LoadCheckpoint(opath, *b.model, *b.opt, Fields()));
 }
 
 TEST(TrainerCheckpoint, NamesAFileThatIsNotOne) {
@@ -196,6 +210,27 @@ TEST(TrainerCheckpoint, NamesACheckpointCutShortAsDamaged) {
   const std::string want = "cannot resume from " + (d / "broken.pt") +
                            ": it is a damaged checkpoint (its archive cannot be read): resume from another checkpoint";
   EXPECT_EQ(Head(e.first, want), want);
+
+  auto message = [&](const std::string& name, const std::string& bytes) {
+    testing::WriteText(d / name, bytes);
+    Trained t = SmallCnn(2);
+    return ErrorOf([&] { LoadCheckpoint(d / name, *t.model, *t.opt, Fields()); }).first;
+  };
+  const std::string empty = "cannot resume from " + (d / "empty.pt") +
+                            ": it is empty (0 bytes): a damaged checkpoint, cut short to nothing: resume from another "
+                            "checkpoint";
+  EXPECT_EQ(Head(message("empty.pt", ""), empty), empty);
+  const std::string head = "cannot resume from " + (d / "head.pt") +
+                           ": it is a damaged checkpoint (its first bytes are not an archive's): resume from another "
+                           "checkpoint";
+  EXPECT_EQ(Head(message("head.pt", "XXXX" + whole.substr(4)), head), head);
+  // Another program's zip archive is no checkpoint, not a damaged one.
+  ASSERT_EQ(std::system(("/usr/bin/python3 -c \"import zipfile,sys; zipfile.ZipFile(sys.argv[1], 'w').writestr('a.txt', "
+                         "'hello')\" " + (d / "other.zip")).c_str()),
+            0);
+  const std::string zip = "cannot resume from " + (d / "other.pt") +
+                          ": it is not a checkpoint of this trainer (a zip archive without a checkpoint's records";
+  EXPECT_EQ(Head(message("other.pt", *ReadFileToString(d / "other.zip")), zip), zip);
 }
 
 // A checkpoint after one step (so the optimizer has momentum), at path.

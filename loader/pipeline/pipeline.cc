@@ -122,9 +122,14 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
     // that share: with many ranks (or a large --io-memory) a window wider
     // than a rank's share would otherwise hold a few huge blocks, a few
     // classes of a class-sorted split.
+    // A window wider than the share shuffles the whole share, as one of the
+    // share's size does: the window is capped there, so that the plan says
+    // what shapes the sequence (two memories that both hold a whole share
+    // give one sequence) and reads ahead no more than the share.
     const uint64_t share = std::max<uint64_t>(1, SamplesPerRank(SamplerConfigFor(c, samples)));
     p.block_samples = std::max<uint64_t>(1, std::min(window, share) / kWindowBlocks);
-    p.window_blocks = std::max<uint64_t>(1, window / p.block_samples);
+    const uint64_t share_blocks = share / p.block_samples + (share % p.block_samples != 0 ? 1 : 0);
+    p.window_blocks = std::max<uint64_t>(1, std::min(window / p.block_samples, share_blocks));
   }
   // Read ahead where the disk is read: a split bigger than memory, or blocks.
   const bool ahead = p.io_memory > 0 && (!fits || p.order == SampleOrder::kBlocks);
@@ -152,10 +157,10 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   return p;
 }
 
-std::string SequenceOf(const ReadPlan& p, bool window) {
+std::string SequenceOf(const ReadPlan& p) {
   if (p.order == SampleOrder::kRandom) return "random";
-  return "blocks of " + std::to_string(p.block_samples) + " samples" +
-         (window ? ", " + std::to_string(p.window_blocks) + " a window" : "");
+  return "blocks of " + std::to_string(p.block_samples) + " samples, " + std::to_string(p.window_blocks) +
+         " a window";
 }
 
 namespace {

@@ -191,10 +191,9 @@ Result<ReadPlan> PlanReadingFor(const PipelineConfig& c, const Manifest& m);
 // What of a plan shapes an epoch's sequence of samples (with the sampler's
 // config): "random", or "blocks of K samples, W a window". A run resumed
 // with another gives another sequence (samples trained twice, others never).
-// Without the window: what the ranks of one epoch must share (their shares
-// are cut from one sequence of blocks; each shuffles its own share within
-// its windows).
-std::string SequenceOf(const ReadPlan& p, bool window = true);
+// (The window is capped at a rank's share, so the same sequence reads the
+// same here whatever memory planned it.)
+std::string SequenceOf(const ReadPlan& p);
 
 // The sampler a pipeline with this config uses, over a split of
 // `dataset_size` samples: the one place a SamplerConfig is made from a

@@ -340,6 +340,30 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
             "unknown --order 'sequential' (use random, blocks or auto)");
 }
 
+// Blocks order: a window wider than a rank's share shuffles the whole share,
+// so the plan caps it there, and two memories that both hold a whole share
+// plan one sequence (a resume under another --io-memory is then accepted).
+TEST(Pipeline, TheWindowIsCappedAtARanksShare) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  PipelineConfig c;
+  c.order = OrderChoice::kBlocks;
+  c.world = 2;
+  const uint64_t n = 10'000, bytes = n * 4096;  // a share of 5,000 samples
+  c.io_memory = 1024 * kMiB;
+  const ReadPlan wide = PlanReading(c, n, bytes, 24 * 1024 * kMiB, "x");
+  c.io_memory = 64 * kMiB;  // windows of 8,192 samples: still more than the share
+  const ReadPlan narrower = PlanReading(c, n, bytes, 24 * 1024 * kMiB, "x");
+  EXPECT_EQ(wide.block_samples, 9u);  // 5,000 / 512
+  EXPECT_EQ(wide.window_blocks, 556u);  // the share's 5,000 samples in blocks of 9
+  EXPECT_EQ(SequenceOf(wide), SequenceOf(narrower));
+  EXPECT_EQ(SequenceOf(wide), "blocks of 9 samples, 556 a window");
+  c.io_memory = 8 * kMiB;  // windows of 1,024: a share of 5 windows, another sequence
+  const ReadPlan small = PlanReading(c, n, bytes, 24 * 1024 * kMiB, "x");
+  EXPECT_EQ(SequenceOf(small), "blocks of 2 samples, 512 a window");
+  c.order = OrderChoice::kRandom;
+  EXPECT_EQ(SequenceOf(PlanReading(c, n, bytes, 24 * 1024 * kMiB, "x")), "random");
+}
+
 TEST(Pipeline, EvalPixelsAreTheTransformOfTheRecord) {
   testing::ScratchDir d;
   const std::string dir = PackCifar(d, 40);

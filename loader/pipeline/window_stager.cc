@@ -207,7 +207,9 @@ void WindowStager::Stage(Window win, Slot* slot) {
   // this thread and kReadThreads - 1 helpers take the runs in turn.
   std::atomic<size_t> next_run{0};
   std::vector<std::vector<Entry>> found(kReadThreads);
-  auto read_runs = [&](size_t t) noexcept {
+  // (An exception out of it, out of memory, is the pool's to catch on a
+  // helper, and Run's on this thread: the records are then the workers'.)
+  auto read_runs = [&](size_t t) {
     try {
       found[t].reserve(at.size());
     } catch (const std::bad_alloc&) {

@@ -91,11 +91,10 @@ _MAX_LOCAL_RANKS = 1024
 
 # What every rank's server must agree on (the rest, threads, binding,
 # read-ahead, is each rank's own; but the blocks an io_memory gives are not).
-# (Not the window: each rank shuffles its own share within its windows, so
-# ranks with other windows still read one epoch's shares; a resume must keep
-# it, _SEQUENCE below.)
+# (The window too: a state records this rank's, and the server caps it at a
+# rank's share, so windows differ only where the ranks' memories do.)
 _AGREED = ("data", "split", "batch_size", "seed", "world_size", "no_shuffle", "drop_last",
-           "drop_last_batch", "on_bad_record", "order", "block_samples",
+           "drop_last_batch", "on_bad_record", "order", "block_samples", "window_blocks",
            "image_size", "resize", "resize_size", "augment", "pad_crop", "random_resized_crop",
            "no_flip", "decode", "layout", "normalize", "mean", "std", "batches_per_epoch",
            "sample_bytes")
@@ -650,11 +649,11 @@ class _ServerLog:
         stream.close()
 
     def wait_order(self, timeout_s):
-        """The server's order, as _read_plan gives it (its values None if the
-        line did not come)."""
+        """The server's order, as _read_plan gives it; None if its line did not
+        come within timeout_s (or the server's stderr closed first)."""
         with self._cv:
             self._cv.wait_for(lambda: self.order is not None or self._closed, timeout_s)
-            return self.order or dict.fromkeys(_ORDER)
+            return self.order
 
     def tail(self, n=8):
         with self._cv:
@@ -785,11 +784,15 @@ class Loader(_Closes):
             self._start(args, start_timeout_s)
             self._next = (0, 0)  # the server starts there
             info = self._client.info
+            wait = 30 if self.timeout_s is None else self.timeout_s
+            order = self._log.wait_order(wait)
+            if order is None:  # (compared and recorded: never as an unknown)
+                raise LoaderError("loader serve for rank %d did not say its read plan (the order it "
+                                  "reads in) within %.0f s:\n%s" % (self.rank, wait, self._log.tail()))
             self._settings = dict(
                 {k: opts[k] for k in _AGREED if k in opts},
                 data=data_id, world_size=self.world_size, batches_per_epoch=info.batches_per_epoch,
-                sample_bytes=info.sample_bytes,
-                **self._log.wait_order(30 if self.timeout_s is None else self.timeout_s))
+                sample_bytes=info.sample_bytes, **order)
             if self._store is None:
                 if self.world_size > 1:
                     warnings.warn("numa_loader.Loader: the ranks' settings were not compared: "
@@ -867,20 +870,25 @@ class Loader(_Closes):
         key, mine = self._tally if self._tally is not None else (None, 0)
         if key is None:
             return ""
-        lines = []
+        lines, behind = [], []
         for r in range(self.world_size):
             if r == self.rank or prefix.add("settings/%d/n" % r, 0) > 0:
                 continue
             theirs = self._store.add(key + str(r), 0)
-            if 0 < theirs != mine:
+            if theirs > mine:  # it went past this one: its n-th is another Loader
                 lines.append("\nrank %d has made %d Loader%s of this job's %d ranks, and rank %d "
                              "%d" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
                                      self.rank, mine))
+            elif 0 < theirs < mine:  # still on its way, or stopped: no pairing to blame
+                behind.append("\nrank %d has made %d Loader%s of this job's %d ranks so far, rank %d "
+                              "%d: it has not made the one that pairs with this (still running, or "
+                              "stopped)" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
+                                            self.rank, mine))
         if lines:
             lines.append("\nthe derived job id pairs each rank's n-th Loader with the others' "
                          "n-th: make the same Loaders, in the same order, on every rank (a "
                          "Loader of one rank's own: world_size=1), or give each a job_id=")
-        return "".join(lines)
+        return "".join(lines + behind)
 
     # -- the DataLoader's shape ---------------------------------------------
 
@@ -986,7 +994,8 @@ class Loader(_Closes):
         epoch keeps this; the epoch is set to it). A state of another split's samples,
         or whose sequence of samples differs from this Loader's (its order, blocks, seed,
         ...; see state_dict), is refused with a ValueError naming each difference (a
-        state saved before these were recorded is not checked for them)."""
+        state saved before these were recorded is checked for what it has, and
+        refused in blocks order, whose blocks were sized otherwise then)."""
         if not isinstance(state, dict):
             raise TypeError("load_state_dict takes the dict state_dict() returns, not %r"
                             % type(state).__name__)
@@ -1023,6 +1032,13 @@ class Loader(_Closes):
         if "order" in state and any(state.get(k) != mine[k] for k in _ORDER):
             lines.append("order: the state was saved with %s; this Loader reads %s"
                          % (_order_text(state), _order_text(mine)))
+        elif "order" not in state and mine["order"] != "random":
+            # A state of an earlier numa_loader: random order's sequence is as
+            # it was, but blocks were sized otherwise then.
+            lines.append("order: the state does not say its order (saved by an earlier numa_loader, "
+                         "which sized blocks otherwise); this Loader reads %s: resume it with "
+                         "order=\"random\" if it was saved so, else start the epoch again"
+                         % _order_text(mine))
         for k in _SEQUENCE:
             if k not in _ORDER and k in state and state[k] != mine[k]:
                 lines.append("%s: the state was saved with %s; this Loader has %s"
