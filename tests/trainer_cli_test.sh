@@ -83,9 +83,11 @@ expect_text "straggler: none" "nobody is named without a straggler"
 expect_out "^epoch 0: train loss [0-9.]+, test top-1 [0-9.]+%, top-5" "the epoch line with test accuracy"
 expect_text "trainer: train transform train, pad-crop 4, flip, resize squash, decode auto, layout nchw; eval transform squash" \
   "the start-up lines say which transforms it trains and evaluates with"
-$PY - "$W/m4/metrics.jsonl" >"$W/out" 2>&1 <<'PYEOF'
-import json, sys
+cp "$W/out" "$W/m4.out"
+$PY - "$W/m4/metrics.jsonl" "$W/m4.out" >"$W/out" 2>&1 <<'PYEOF'
+import json, re, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
+said = open(sys.argv[2]).read()
 reports = [l for l in lines if "rank" in l]
 epochs = [l for l in lines if "train_loss" in l]
 # 32 steps an epoch: reports at steps 10, 20, 30 and the epoch's end, 4 ranks each
@@ -96,7 +98,13 @@ for r in reports:
 assert sorted({r["rank"] for r in reports}) == [0, 1, 2, 3]
 assert len(epochs) == 1, epochs
 e = epochs[0]
-assert e["straggler"] is None and 0 <= e["test_top1"] <= 1 and 0 <= e["test_top5"] <= 1, e
+# No data straggler (nothing is wrong with any loader). A compute straggler
+# may rightly be named: 4 ranks share 2 cores here, beside ctest's other
+# tests, and a rank descheduled for a while computes slower (its cores were
+# busier), which is what the rule reports.
+assert e["straggler"] is None or re.search(
+    r"straggler: Rank %d is the straggler: its compute " % e["straggler"], said), (e, said)
+assert 0 <= e["test_top1"] <= 1 and 0 <= e["test_top5"] <= 1, e
 assert e["test_top5"] >= e["test_top1"] and e["images_per_s"] > 0, e
 print("metrics ok")
 PYEOF

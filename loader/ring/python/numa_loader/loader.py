@@ -879,15 +879,16 @@ class Loader(_Closes):
                 lines.append("\nrank %d has made %d Loader%s of this job's %d ranks, and rank %d "
                              "%d" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
                                      self.rank, mine))
-            elif 0 < theirs < mine:  # still on its way, or stopped: no pairing to blame
-                behind.append("\nrank %d has made %d Loader%s of this job's %d ranks so far, rank %d "
-                              "%d: it has not made the one that pairs with this (still running, or "
-                              "stopped)" % (r, theirs, "" if theirs == 1 else "s", self.world_size,
-                                            self.rank, mine))
-        if lines:
-            lines.append("\nthe derived job id pairs each rank's n-th Loader with the others' "
-                         "n-th: make the same Loaders, in the same order, on every rank (a "
-                         "Loader of one rank's own: world_size=1), or give each a job_id=")
+            elif 0 < theirs < mine:  # on its way, stopped, or making fewer: not known which
+                behind.append("\nrank %d has made %d Loader%s of this job's %d ranks so far, and rank "
+                              "%d %d: it has not made the one that pairs with this (it is still on its "
+                              "way, it stopped, or it makes fewer Loaders)"
+                              % (r, theirs, "" if theirs == 1 else "s", self.world_size, self.rank,
+                                 mine))
+        if lines or behind:
+            behind.append("\nthe derived job id pairs each rank's n-th Loader with the others' "
+                          "n-th: make the same Loaders, in the same order, on every rank (a "
+                          "Loader of one rank's own: world_size=1), or give each a job_id=")
         return "".join(lines + behind)
 
     # -- the DataLoader's shape ---------------------------------------------

@@ -622,7 +622,11 @@ class TwoRanksTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 30)
         self.assertNotIn("error", b)
         self.assertIn("missing: settings/1", a.get("error", ""))
-        self.assertIn("rank 1 has made 1 Loader of this job's 2 ranks, and rank 0 2", a["error"])
+        # (Rank 1 ended without it: from rank 0 that looks as a rank still on its
+        # way would, so both are said.)
+        self.assertIn("rank 1 has made 1 Loader of this job's 2 ranks so far, and rank 0 2: it has not "
+                      "made the one that pairs with this (it is still on its way, it stopped, or it "
+                      "makes fewer Loaders)", a["error"])
         self.assertIn("make the same Loaders, in the same order, on every rank", a["error"])
 
     def test_blocks_of_another_size_are_named(self):
