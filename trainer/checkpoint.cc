@@ -28,18 +28,20 @@ std::string ShapeText(const torch::Tensor& t) {
   return s + "]";
 }
 
-// Why LibTorch could not open `path` as an archive, in our words. A
-// checkpoint is a zip archive, which begins with a local header and ends
-// with an end record. An empty file, or one that begins as a zip but whose
-// end record is missing, was cut short (a copy that stopped, a full disk
-// outside the atomic writer); a whole zip that lacks a checkpoint's records
-// (another program's archive) is not a checkpoint; a zip whose start or
-// inside is broken is damaged; anything else is not a checkpoint.
-std::string WhyUnreadable(const std::string& path, const std::string& libtorch) {
+// A checkpoint is a zip archive laid out as LibTorch's: it begins with a
+// local header whose name is in a folder ("archive/..."), and ends with an
+// end record. What is not so is named here, before LibTorch reads it (whose
+// error paths also leak what they had read): an empty file, or one that
+// begins as a zip but whose end record is missing, was cut short (a copy
+// that stopped, a full disk outside the atomic writer); a zip whose first
+// bytes are broken is damaged; a zip of entries outside a folder (another
+// program's) and anything else are not a checkpoint. "" when the shape is
+// a checkpoint's.
+std::string ShapeProblem(const std::string& path) {
   std::string head, tail;
   off_t size = -1;
   if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    char b[4] = {0};
+    char b[512] = {0};
     head.assign(b, std::fread(b, 1, sizeof b, f));
     // The end record (22 bytes, then a comment of up to 64 KiB) lies in the last 65,557 bytes.
     if (fseeko(f, 0, SEEK_END) == 0 && (size = ftello(f)) > 0) {
@@ -49,10 +51,10 @@ std::string WhyUnreadable(const std::string& path, const std::string& libtorch) 
     }
     std::fclose(f);
   }
-  const std::string told = " (LibTorch: " + libtorch + ")";
-  const std::string again = ": resume from another checkpoint" + told;
+  if (size < 0) return "";  // (unreadable: LibTorch says why)
+  const std::string again = ": resume from another checkpoint";
   if (size == 0) return "it is empty (0 bytes): a damaged checkpoint, cut short to nothing" + again;
-    // The end record: its signature, then its comment's length at bytes 20-21,
+  // The end record: its signature, then its comment's length at bytes 20-21,
   // that comment ending the file (a signature elsewhere is only data).
   const std::string end_sig("PK\x05\x06", 4);
   bool ends = false;
@@ -61,21 +63,30 @@ std::string WhyUnreadable(const std::string& path, const std::string& libtorch) 
     const auto byte = [&](size_t i) { return static_cast<size_t>(static_cast<unsigned char>(tail[i])); };
     ends = at + 22 <= tail.size() && at + 22 + (byte(at + 20) | byte(at + 21) << 8) == tail.size();
   }
-  const bool zip_head = head == std::string("PK\x03\x04", 4);
-  // (LibTorch's words for an archive that is whole but not laid out as its own.)
-  const bool lacks_record = libtorch.find("hasRecord") != std::string::npos ||
-                            libtorch.find("failed locating file") != std::string::npos ||
-                            libtorch.find("is not in a subdirectory") != std::string::npos;
-  if (zip_head && ends && lacks_record) {
-    return "it is not a checkpoint of this trainer (a zip archive without a checkpoint's records" + told + ")";
-  }
+  const bool zip_head = head.compare(0, 4, std::string("PK\x03\x04", 4)) == 0;
   if (zip_head && !ends) {  // (or bytes added after its end: rarer than a copy cut short)
     return "it is a damaged checkpoint: cut short (its " + std::to_string(size) +
            " bytes begin as a checkpoint's archive, but the archive's end is missing)" + again;
   }
   if (!zip_head && ends) return "it is a damaged checkpoint (its first bytes are not an archive's)" + again;
-  if (!zip_head) return "it is not a checkpoint of this trainer (LibTorch cannot read it as one: " + libtorch + ")";
-  return "it is a damaged checkpoint (its archive cannot be read)" + again;
+  if (!zip_head) return "it is not a checkpoint of this trainer (not a zip archive, as checkpoints are)";
+  // The first entry's name (its length at bytes 26-27, the name from byte 30).
+  const size_t name_len = static_cast<unsigned char>(head[26]) | static_cast<unsigned char>(head[27]) << 8;
+  const std::string name = head.size() >= 30 + name_len ? head.substr(30, name_len) : std::string();
+  if (!name.empty() && name.find('/') == std::string::npos) {
+    return "it is not a checkpoint of this trainer (a zip archive whose entries, " + name +
+           " first, are not a checkpoint's)";
+  }
+  return "";
+}
+
+// Why LibTorch could not read an archive of a checkpoint's shape, in our words.
+std::string WhyUnreadable(const std::string& libtorch) {
+  const std::string told = " (LibTorch: " + libtorch + ")";
+  if (libtorch.find("hasRecord") != std::string::npos || libtorch.find("failed locating file") != std::string::npos) {
+    return "it is not a checkpoint of this trainer (a zip archive without a checkpoint's records" + told + ")";
+  }
+  return "it is a damaged checkpoint (its archive cannot be read): resume from another checkpoint" + told;
 }
 
 std::string Older(const std::string& path, const std::string& what) {
@@ -296,12 +307,13 @@ void SaveCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt,
 }
 
 Checkpoint LoadCheckpoint(const std::string& path, Net& model, torch::optim::SGD& opt, const Checkpoint& expect) {
+  if (const std::string why = ShapeProblem(path); !why.empty()) throw RankError("cannot resume from " + path + ": " + why);
   torch::serialize::InputArchive a;
   Checkpoint c;
   try {
     a.load_from(path);
   } catch (const c10::Error& e) {
-    throw RankError("cannot resume from " + path + ": " + WhyUnreadable(path, FirstLine(e.what_without_backtrace())));
+    throw RankError("cannot resume from " + path + ": " + WhyUnreadable(FirstLine(e.what_without_backtrace())));
   }
   try {
     c = ReadFields(path, a);

@@ -174,7 +174,7 @@ TEST(TrainerCheckpoint, NamesAFileThatIsNotOne) {
   Trained b = SmallCnn(2);
   auto e = ErrorOf([&] { LoadCheckpoint(d / "junk.pt", *b.model, *b.opt, Fields()); });
   const std::string want = "cannot resume from " + (d / "junk.pt") +
-                           ": it is not a checkpoint of this trainer (LibTorch cannot read it as one: ";
+                           ": it is not a checkpoint of this trainer (not a zip archive, as checkpoints are)";
   EXPECT_EQ(Head(e.first, want), want);
   EXPECT_EQ(e.first.find('\n'), std::string::npos) << "one line: " << e.first;
   EXPECT_EQ(e.second, proc::FailureKind::kOwn);
@@ -195,7 +195,7 @@ TEST(TrainerCheckpoint, NamesACheckpointCutShortAsDamaged) {
     auto e = ErrorOf([&] { LoadCheckpoint(d / "cut.pt", *b.model, *b.opt, Fields()); });
     const std::string want = "cannot resume from " + (d / "cut.pt") + ": it is a damaged checkpoint: cut short (its " +
                              std::to_string(keep) + " bytes begin as a checkpoint's archive, but the archive's end "
-                             "is missing): resume from another checkpoint (LibTorch: ";
+                             "is missing): resume from another checkpoint";
     EXPECT_EQ(Head(e.first, want), want);
     EXPECT_EQ(e.first.find('\n'), std::string::npos) << "one line: " << e.first;
   }
@@ -229,7 +229,8 @@ TEST(TrainerCheckpoint, NamesACheckpointCutShortAsDamaged) {
                          "'hello')\" " + (d / "other.zip")).c_str()),
             0);
   const std::string zip = "cannot resume from " + (d / "other.pt") +
-                          ": it is not a checkpoint of this trainer (a zip archive without a checkpoint's records";
+                          ": it is not a checkpoint of this trainer (a zip archive whose entries, a.txt first, are "
+                          "not a checkpoint's)";
   EXPECT_EQ(Head(message("other.pt", *ReadFileToString(d / "other.zip")), zip), zip);
 }
 
