@@ -5,33 +5,22 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 
 #include "base/memory.h"
 #include "base/worker_pool.h"
 #include "formats/manifest.h"
 #include "formats/shard.h"
-#include "loader/pipeline/sample_path.h"
+#include "loader/pipeline/pipeline_impl.h"
 #include "loader/pipeline/window_stager.h"
 
 namespace nl {
 
 namespace {
-using Clock = std::chrono::steady_clock;
+using Clock = Pipeline::Impl::Clock;
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
-// Epoch index lists kept: batches in flight usually span the current epoch,
-// the one before (slow workers) and the next (prefetch across the boundary);
-// with more batches in flight than an epoch has, an evicted list is simply
-// computed again.
-constexpr size_t kCachedEpochs = 3;
-// With --on-bad-record skip, a bad sample is replaced by the next one of the
-// rank's list; this many bad replacements in a row mean a broken split, and
-// the run stops instead of decoding the whole list first.
-constexpr uint64_t kMaxReplacements = 64;
 }  // namespace
 
 Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t batch_size,
@@ -83,378 +72,25 @@ const char* OrderChoiceName(OrderChoice o) {
   return "auto";
 }
 
-ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_bytes,
-                     uint64_t memory_bytes, const std::string& memory_source) {
-  constexpr uint64_t kMiB = uint64_t{1} << 20;
-  ReadPlan p;
-  const bool known = memory_bytes > 0;
-  const bool fits = !known || split_bytes <= memory_bytes / 2;
-  p.io_memory = c.io_memory
-                    ? *c.io_memory
-                    : (known ? std::clamp(memory_bytes / 8, std::min(4 * kMiB, memory_bytes / 2),
-                                          1024 * kMiB)
-                             : 256 * kMiB);
-  const std::string sizes = "the split's " + FormatBytes(split_bytes) +
-                            (fits ? " fits" : " does not fit") + " in half of the " +
-                            FormatBytes(memory_bytes) + " this process may use (" + memory_source +
-                            ")";
-  std::string why;
-  switch (c.order) {
-    case OrderChoice::kRandom:
-      p.order = SampleOrder::kRandom;
-      why = "--order random";
-      break;
-    case OrderChoice::kBlocks:
-      p.order = SampleOrder::kBlocks;
-      why = "--order blocks";
-      break;
-    case OrderChoice::kAuto:
-      p.order = fits ? SampleOrder::kRandom : SampleOrder::kBlocks;
-      why = known ? "auto: " + sizes : "auto: this process's memory is unknown";
-      break;
-  }
-  const uint64_t mean = std::max<uint64_t>(1, samples ? split_bytes / samples : 1);
-  const uint64_t window = std::max<uint64_t>(1, p.io_memory / 2 / mean);  // samples a window holds
-  if (p.order == SampleOrder::kBlocks) {
-    // A batch mixes the blocks of its window: kWindowBlocks of them, taken
-    // from the whole split. A rank reads only its share of the epoch's
-    // blocks, so the blocks are sized from the smaller of the window and
-    // that share: with many ranks (or a large --io-memory) a window wider
-    // than a rank's share would otherwise hold a few huge blocks, a few
-    // classes of a class-sorted split.
-    // A window wider than the share shuffles the whole share, as one of the
-    // share's size does: the window is capped there, so that the plan says
-    // what shapes the sequence (two memories that both hold a whole share
-    // give one sequence) and reads ahead no more than the share.
-    const uint64_t share = std::max<uint64_t>(1, SamplesPerRank(SamplerConfigFor(c, samples)));
-    p.block_samples = std::max<uint64_t>(1, std::min(window, share) / kWindowBlocks);
-    const uint64_t share_blocks = share / p.block_samples + (share % p.block_samples != 0 ? 1 : 0);
-    p.window_blocks = std::max<uint64_t>(1, std::min(window / p.block_samples, share_blocks));
-  }
-  // Read ahead where the disk is read: a split bigger than memory, or blocks.
-  const bool ahead = p.io_memory > 0 && (!fits || p.order == SampleOrder::kBlocks);
-  if (ahead)
-    p.ahead_samples = p.order == SampleOrder::kBlocks ? p.block_samples * p.window_blocks : window;
-  p.pread_records = ahead || !fits;
-  // In memory, blocks order reads the page cache with pread (the reader
-  // thread's copy of a window would only add one: 100,000 against 177,000
-  // img/s for a 3.8 GB split in the page cache, one thread).
-  p.staged = ahead && p.order == SampleOrder::kBlocks && !fits;
-  p.direct = p.staged;
-  p.summary = std::string("order ") + SampleOrderName(p.order) + " (" + why + ")";
-  if (p.order == SampleOrder::kBlocks) {
-    p.summary += "; blocks of " + std::to_string(p.block_samples) + " samples (" +
-                 FormatBytes(p.block_samples * mean) + "), " + std::to_string(p.window_blocks) +
-                 " a window";
-  }
-  p.summary += ahead ? "; read-ahead " + FormatBytes(p.io_memory) + " (--io-memory)"
-                     : std::string("; no read-ahead") +
-                           (p.io_memory == 0 ? " (--io-memory 0)" : " (the split fits in memory)");
-  if (p.staged) {
-    p.summary += p.direct ? ", a window at a time by a reader thread, past the page cache (O_DIRECT)"
-                          : ", a window at a time by a reader thread";
-  }
-  return p;
-}
-
-std::string SequenceOf(const ReadPlan& p) {
-  if (p.order == SampleOrder::kRandom) return "random";
-  return "blocks of " + std::to_string(p.block_samples) + " samples, " + std::to_string(p.window_blocks) +
-         " a window";
-}
-
-namespace {
-uint64_t SplitBytes(const SplitInfo& split) {
-  uint64_t bytes = 0;
-  for (const ShardInfo& sh : split.shards) bytes += sh.bytes;
-  return bytes;
-}
-
-MemoryLimit MemoryFor(const PipelineConfig& c) {
-  return c.memory_bytes ? MemoryLimit{*c.memory_bytes, "PipelineConfig::memory_bytes"} : MemoryAvailableToProcess();
-}
-}  // namespace
-
-Result<ReadPlan> PlanReadingFor(const PipelineConfig& c, const Manifest& m) {
-  const SplitInfo* split = m.FindSplit(c.split);
-  if (!split) return Status::NotFound("the shard set has no split '" + c.split + "'");
-  const MemoryLimit mem = MemoryFor(c);
-  return PlanReading(c, split->num_samples, SplitBytes(*split), mem.bytes, mem.source);
-}
-
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
   if (s == "error") return OnBadRecord::kError;
   if (s == "skip") return OnBadRecord::kSkip;
   return Status::InvalidArgument("unknown --on-bad-record '" + s + "' (use error or skip)");
 }
 
-struct Pipeline::Impl {
-  struct Slot {
-    std::atomic<uint64_t> seq{UINT64_MAX};  // the batch this buffer is assigned to
-    std::atomic<uint32_t> remaining{0};     // samples still to write
-    bool ready = false;                     // guarded by mu
-    bool delivered = false;                 // guarded by mu: handed out by Next(), not yet released
-    uint32_t error_at = UINT32_MAX;         // guarded by mu: first failing sample
-    Status error;                           // guarded by mu
-  };
-  struct alignas(64) WorkerStats {
-    std::atomic<uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0}, images{0}, skipped{0};
-  };
-
-  PipelineConfig c;
-  Manifest manifest;
-  std::unique_ptr<SplitReader> reader;
-  ReadPlan plan;
-  std::optional<DistributedSampler> sampler;
-  std::unique_ptr<HeapBuffers> own_buffers;
-  const BufferSource* buffers = nullptr;
-  size_t sample_bytes = 0;
-  uint64_t bpe = 0, total = 0;
-  uint32_t depth = 0;
-  std::unique_ptr<Slot[]> slots;
-
-  std::mutex mu;
-  std::condition_variable work_cv, ready_cv;
-  std::atomic<bool> stop{false};
-  uint64_t next_deliver = 0;  // guarded by mu
-  uint32_t held = 0;          // guarded by mu: delivered, not released
-  Status failure;             // guarded by mu
-  std::atomic<uint64_t> next_sample{0};
-
-  std::mutex epoch_mu;
-  std::map<uint64_t, std::shared_ptr<const std::vector<uint64_t>>> epoch_lists;
-
-  // Read-ahead (plan.ahead_samples > 0): positions of the rank's list in
-  // windows of that many; a worker starting a sample of window G makes sure
-  // windows G and G + 1 (counted over the run) were asked for.
-  std::mutex ahead_mu;                  // one worker asks at a time
-  std::atomic<uint64_t> ahead_next{0};  // the first window not yet asked for
-  std::atomic<uint64_t> ahead_bytes{0};
-  uint64_t windows_per_epoch = 1;
-  std::optional<SplitReader::ReadTxn> ahead_txn;  // guarded by ahead_mu
-  // Blocks order (plan.staged): windows read into memory on a thread of its
-  // own instead; window w of the run as AskWindow counts them.
-  std::unique_ptr<WindowStager> stager;
-  uint64_t processed_per_epoch = 0;  // positions of an epoch's list that batches take
-
-  // The run's window w for the stager: its positions that batches take
-  // (from the run's first one on) and their records.
-  WindowStager::Window StagerWindow(uint64_t w) {
-    WindowStager::Window win;
-    const uint64_t e = w / windows_per_epoch;
-    if (c.epochs && e >= c.epochs) {
-      win.end = true;
-      return win;
-    }
-    const uint64_t first = (w % windows_per_epoch) * plan.ahead_samples;
-    const uint64_t lo = std::max(first, e == 0 ? c.start_batch * c.batch_size : 0);
-    const uint64_t hi = std::min(first + plan.ahead_samples, processed_per_epoch);
-    if (lo >= hi) return win;
-    std::shared_ptr<const std::vector<uint64_t>> list = EpochList(c.start_epoch + e);
-    win.indices.assign(list->begin() + lo, list->begin() + hi);
-    win.positions = hi - lo;
-    return win;
+void Pipeline::Impl::Assign(uint64_t g) {
+  Slot& s = slots[g % depth];
+  s.ready = false;
+  s.delivered = false;
+  s.error_at = UINT32_MAX;
+  s.error = Status::Ok();
+  if (total && g >= total) {
+    s.seq.store(UINT64_MAX, std::memory_order_release);
+    return;
   }
-
-  std::vector<std::unique_ptr<WorkerStats>> wstats;
-  double wait_s = 0, ready_sum = 0;  // guarded by mu
-  uint64_t delivered = 0;            // guarded by mu
-  Clock::time_point start = Clock::now();
-  bool in_next = false;  // guarded by mu: a consumer is inside Next()
-  std::unique_ptr<WorkerPool> pool;
-
-  std::pair<uint64_t, uint64_t> EpochBatch(uint64_t g) const {
-    const uint64_t pos = c.start_batch + g;
-    return {c.start_epoch + pos / bpe, pos % bpe};
-  }
-  uint32_t LengthOf(uint64_t g) const { return sampler->BatchLength(EpochBatch(g).second); }
-
-  std::shared_ptr<const std::vector<uint64_t>> EpochList(uint64_t epoch) {
-    std::lock_guard lock(epoch_mu);
-    auto it = epoch_lists.find(epoch);
-    if (it != epoch_lists.end()) return it->second;
-    auto list = std::make_shared<const std::vector<uint64_t>>(sampler->EpochIndices(epoch));
-    epoch_lists[epoch] = list;
-    while (epoch_lists.size() > kCachedEpochs) epoch_lists.erase(epoch_lists.begin());
-    return list;
-  }
-
-  // Must hold mu. Points slot g % depth at batch g (or at nothing past the end).
-  void Assign(uint64_t g) {
-    Slot& s = slots[g % depth];
-    s.ready = false;
-    s.delivered = false;
-    s.error_at = UINT32_MAX;
-    s.error = Status::Ok();
-    if (total && g >= total) {
-      s.seq.store(UINT64_MAX, std::memory_order_release);
-      return;
-    }
-    s.remaining.store(LengthOf(g), std::memory_order_relaxed);
-    s.seq.store(g, std::memory_order_release);
-  }
-
-  // Asks for window `w` of the run (window w % windows_per_epoch of epoch
-  // start_epoch + w / windows_per_epoch): its records, in index order, so
-  // that runs of consecutive records become single requests.
-  void AskWindow(uint64_t w) {
-    const uint64_t epoch = c.start_epoch + w / windows_per_epoch;
-    const uint64_t first = (w % windows_per_epoch) * plan.ahead_samples;
-    std::shared_ptr<const std::vector<uint64_t>> list = EpochList(epoch);
-    if (first >= list->size()) return;
-    const uint64_t end = std::min<uint64_t>(list->size(), first + plan.ahead_samples);
-    std::vector<uint64_t> idx(list->begin() + first, list->begin() + end);
-    std::sort(idx.begin(), idx.end());
-    idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
-    if (!ahead_txn) ahead_txn.emplace(reader->BeginRead());
-    ahead_bytes.fetch_add(ahead_txn->WillNeed(idx), std::memory_order_relaxed);
-  }
-
-  // Called before a worker reads position `pos` of epoch `epoch`'s list.
-  void ReadAhead(uint64_t epoch, uint64_t pos) {
-    const uint64_t want =
-        (epoch - c.start_epoch) * windows_per_epoch + pos / plan.ahead_samples + 2;
-    if (ahead_next.load(std::memory_order_acquire) >= want) return;
-    std::unique_lock lock(ahead_mu, std::try_to_lock);
-    if (!lock.owns_lock()) return;  // another worker is asking; the next sample checks again
-    uint64_t w = ahead_next.load(std::memory_order_relaxed);
-    // Windows already passed (a resumed run, a slow start) are not asked for.
-    w = std::max(w, want - 2);
-    for (; w < want && !stop.load(std::memory_order_relaxed); ++w) AskWindow(w);
-    ahead_next.store(w, std::memory_order_release);
-  }
-
-  // One sample into its slot; the time of each step goes to this worker's stats.
-  Status LoadSample(SamplePath& path, WorkerStats& ws, uint64_t epoch, uint64_t index, uint8_t* dst,
-                    int64_t* label, std::span<const uint8_t> staged) {
-    SampleTimes t;
-    NL_RETURN_IF_ERROR(path.Load(epoch, index, dst, label, &t, staged));
-    ws.read_ns.fetch_add(t.read_ns, std::memory_order_relaxed);
-    ws.decode_ns.fetch_add(t.decode_ns, std::memory_order_relaxed);
-    ws.transform_ns.fetch_add(t.transform_ns, std::memory_order_relaxed);
-    return Status::Ok();
-  }
-
-  // A worker's failure (an exception, a thread that could not start) stops
-  // the run; Next() returns it.
-  void Fail(const Status& st) {
-    {
-      std::lock_guard lock(mu);
-      if (failure.ok()) failure = st;
-      stop = true;
-    }
-    if (stager) stager->Stop();
-    work_cv.notify_all();
-    ready_cv.notify_all();
-  }
-
-  // The last worker to finish batch g describes it in its buffer.
-  void WriteMeta(uint64_t g) {
-    BatchMeta* meta = buffers->buffer(g % depth).meta;
-    if (!meta) return;
-    const auto [epoch, b] = EpochBatch(g);
-    *meta = BatchMeta{g, epoch, b, LengthOf(g), 0};
-  }
-
-  Status RunWorker(int id) {
-    SamplePath path(*reader, c.transform, c.limits, plan.pread_records);
-    WorkerStats& ws = *wstats[id];
-    const uint32_t bsz = c.batch_size;
-    // This worker's copy of the current epoch's list: the shared cache (and
-    // its lock) is consulted only when the epoch changes. (Every epoch number
-    // is valid, 2^64 - 1 too: no number stands for "none yet".)
-    uint64_t list_epoch = 0;
-    std::shared_ptr<const std::vector<uint64_t>> list;
-    while (!stop.load(std::memory_order_relaxed)) {
-      const uint64_t s = next_sample.fetch_add(1, std::memory_order_relaxed);
-      const uint64_t g = s / bsz;
-      const uint32_t j = static_cast<uint32_t>(s % bsz);
-      if (total && g >= total) return Status::Ok();
-      // Claims past the end of a short batch carry no work. They must not wait
-      // for the slot: the batch may already be delivered and its slot reused.
-      if (j >= LengthOf(g)) continue;
-      Slot& slot = slots[g % depth];
-      if (slot.seq.load(std::memory_order_acquire) != g) {
-        std::unique_lock lock(mu);
-        work_cv.wait(lock,
-                     [&] { return stop.load() || slot.seq.load(std::memory_order_acquire) == g; });
-        if (stop.load()) return Status::Ok();
-      }
-      const auto [epoch, b] = EpochBatch(g);
-      if (list == nullptr || epoch != list_epoch) {
-        list = EpochList(epoch);
-        list_epoch = epoch;
-      }
-      if (plan.ahead_samples && !stager) ReadAhead(epoch, b * bsz + j);
-      // The window this position lies in, for the stager.
-      const uint64_t window =
-          stager ? (epoch - c.start_epoch) * windows_per_epoch + (b * bsz + j) / plan.ahead_samples
-                 : 0;
-      const BatchBuffer buf = buffers->buffer(g % depth);
-      uint8_t* dst = buf.pixels + j * sample_bytes;
-      const uint64_t n = list->size();
-      const uint64_t attempts = std::min<uint64_t>(n, kMaxReplacements + 1);
-      // Samples this worker is likely to take in two and eight turns (the
-      // workers take positions in turn), within this epoch's list: the
-      // record's bytes of the first, where the second lies (records read
-      // through the map, or in the reader thread's windows; a record read
-      // with pread lands in the worker's buffer, nothing to prefetch). On a split of
-      // 1,000,000 records in the page cache this took a core's read stage
-      // from ~2.5 s to ~1.0 s an epoch (the 50,000-record split's: ~1.4 s
-      // to ~0.65 s; docs/BENCHMARKS.md, "How cost grows").
-      if (const uint64_t p = b * bsz + j; p + 8 * c.threads < n) {
-        const uint64_t soon = p + 2 * c.threads;
-        if (stager) {
-          const uint64_t w = (epoch - c.start_epoch) * windows_per_epoch + soon / plan.ahead_samples;
-          SamplePath::Prefetch(stager->Peek(w, (*list)[soon]));
-        } else {
-          path.Prefetch((*list)[soon], (*list)[p + 8 * c.threads]);
-        }
-      }
-      Status err;
-      for (uint64_t attempt = 0; attempt < attempts; ++attempt) {
-        const uint64_t index = (*list)[(b * bsz + j + attempt) % n];
-        int64_t label = 0;
-        // A replacement (--on-bad-record skip) is read here: it may lie in
-        // another window.
-        const std::span<const uint8_t> staged =
-            stager && attempt == 0 ? stager->Find(window, index) : std::span<const uint8_t>();
-        Status st = LoadSample(path, ws, epoch, index, dst, &label, staged);
-        if (st.ok()) {
-          buf.labels[j] = label;
-          buf.indices[j] = static_cast<int64_t>(index);
-          ws.images.fetch_add(1, std::memory_order_relaxed);
-          err = Status::Ok();
-          break;
-        }
-        err = st;
-        if (c.on_bad_record == OnBadRecord::kError) break;
-        ws.skipped.fetch_add(1, std::memory_order_relaxed);  // replaced by the next sample
-      }
-      if (stager) stager->Done(window);
-      if (!err.ok()) {
-        std::lock_guard lock(mu);
-        if (j < slot.error_at) {
-          slot.error_at = j;
-          slot.error =
-              c.on_bad_record == OnBadRecord::kSkip
-                  ? err.WithContext(std::to_string(attempts) + " samples in a row of rank " +
-                                    std::to_string(c.rank) + "'s list failed (the last one)")
-                  : err;
-        }
-      }
-      if (slot.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        WriteMeta(g);
-        {
-          std::lock_guard lock(mu);
-          slot.ready = true;
-        }
-        ready_cv.notify_all();
-      }
-    }
-    return Status::Ok();
-  }
-};
+  s.remaining.store(LengthOf(g), std::memory_order_relaxed);
+  s.seq.store(g, std::memory_order_release);
+}
 
 namespace {
 

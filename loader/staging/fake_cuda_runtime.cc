@@ -3,7 +3,7 @@
 // with the real headers' signatures, and the ordering semantics they rely on.
 //
 // - "Device memory" is host memory; one device (0), named "fake CUDA device".
-// - A stream is a worker thread running its queued operations in order;
+// - A stream is a thread (base's Thread) running its queued operations in order;
 //   cudaStreamSynchronize waits for what was queued before it.
 // - Events complete when the stream reaches them; cudaStreamWaitEvent makes a
 //   stream wait for the event's latest record at the time of the call.
@@ -25,7 +25,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <thread>
+
+#include "base/thread.h"
 
 struct CUevent_st {
   std::mutex mu;
@@ -40,7 +41,7 @@ struct CUstream_st {
   std::deque<std::function<void()>> queue;
   uint64_t queued = 0, done = 0;
   bool stop = false;
-  std::thread worker;
+  nl::Thread worker;
 
   void Run() {
     std::unique_lock lock(mu);
@@ -184,7 +185,15 @@ cudaError_t cudaFree(void* ptr) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   auto* s = new CUstream_st;
-  s->worker = std::thread([s] { s->Run(); });
+  nl::Result<nl::Thread> worker = nl::Thread::Start("fake stream", [s] {
+    s->Run();
+    return nl::Status::Ok();
+  });
+  if (!worker.ok()) {
+    delete s;
+    return cudaErrorMemoryAllocation;
+  }
+  s->worker = std::move(*worker);
   *stream = s;
   std::lock_guard lock(g_mu);
   ++g_live.streams;
@@ -198,7 +207,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     s->stop = true;
     s->cv.notify_all();
   }
-  s->worker.join();
+  (void)s->worker.Join();  // (Run reports nothing)
   delete s;
   std::lock_guard lock(g_mu);
   --g_live.streams;
