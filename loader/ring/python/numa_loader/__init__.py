@@ -540,8 +540,12 @@ class Client(_Closes):
                 held._released = True
                 held._arrays = None
             handle, self._handle = self._handle, None
-            self._lib.nl_goodbye(handle)
-            self._ring = None  # unmapped now, or with the last array that views it
+            ring, self._ring = self._ring, None  # unmapped now, or with the last array that views it
+            # A client collected with its batch (a cycle) may find its ring's
+            # finalizer already run: the handle is freed, and detaching said
+            # goodbye.
+            if ring is not None and ring._handle is not None:
+                self._lib.nl_goodbye(handle)
 
     @property
     def closed(self):
