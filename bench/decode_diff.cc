@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "base/parse_number.h"
+#include "loader/cli/option_table.h"
 #include "formats/manifest.h"
 #include "formats/shard.h"
 #include "loader/pipeline/sample_path.h"
@@ -276,8 +277,8 @@ nl::Status Run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"How far --decode fast and auto are from exact, by output size"};
   Args a;
-  app.add_option("--data", a.data, "Shard set directory")->required();
-  app.add_option("--split", a.split, "Split")->capture_default_str();
+  nl::Add(&app, nl::opt::kData, &a.data);
+  nl::Add(&app, nl::opt::kSplit, &a.split);
   app.add_option("--samples", a.samples, "Samples (the split's first)")->capture_default_str();
   app.add_option("--sizes", a.sizes, "Output sizes")->capture_default_str();
   app.add_option("--ratios", a.ratios, "auto_min_ratio values to measure")->capture_default_str();

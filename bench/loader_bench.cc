@@ -210,14 +210,14 @@ json RunRank(const Args& a, const nl::Topology& topo, const nl::RankPlan& plan, 
   const double cpu0 = CpuSeconds();
   nl::Result<std::unique_ptr<nl::Pipeline>> p = nl::Pipeline::Open(c);
   if (!p.ok()) {
-    r["error"] = p.status().ToString();
+    r["error"] = nl::FlagText(p.status().ToString());
     return r;
   }
-  std::fprintf(stderr, "loader_bench: rank %d: %s\n", rank, (*p)->read_plan().summary.c_str());
+  std::fprintf(stderr, "loader_bench: rank %d: %s\n", rank, nl::FlagText((*p)->read_plan().summary).c_str());
   Loaded got;
   got.warmup = std::max<size_t>(1, c.prefetch);
   const double open_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (const std::string error = LoadAll(a, **p, &got); !error.empty()) r["error"] = error;
+  if (const std::string error = LoadAll(a, **p, &got); !error.empty()) r["error"] = nl::FlagText(error);
   const auto t1 = Clock::now();
   const double secs = std::chrono::duration<double>(t1 - t0).count();
   const double cpu = CpuSeconds() - cpu0;
@@ -569,7 +569,7 @@ json RunServiceRank(const Args& a, const nl::JobPlan& job, const nl::RankPlan& p
   r["mode"] = "service";
   r["consumer"] = a.consumer;
   auto error = [&](const nl::Status& st) {
-    r["error"] = st.ToString();
+    r["error"] = nl::FlagText(st.ToString());
     return r;
   };
   const uint32_t threads = RankThreads(a, plan);
@@ -690,7 +690,7 @@ json MalformedRow(int rank, const char* field) {
 // Waits for a rank process and turns its output into its row.
 json RankResult(int rank, nl::proc::ChildProcess* process, const std::string& out) {
   const nl::Result<nl::proc::ChildExit> e = process->WaitFor(-1, "rank process");
-  if (!e.ok()) return {{"rank", rank}, {"error", e.status().ToString()}};
+  if (!e.ok()) return {{"rank", rank}, {"error", nl::FlagText(e.status().ToString())}};
   if (!e->Succeeded() || out.empty()) {
     return {{"rank", rank}, {"error", "rank process ended abnormally (" + e->Describe() + ")"}};
   }
@@ -856,7 +856,7 @@ nl::Status CheckJobBufferMemory(const Args& a) {
 }
 
 int Fail(const nl::Status& st) {
-  std::fprintf(stderr, "loader_bench: error: %s\n", st.ToString().c_str());
+  std::fprintf(stderr, "loader_bench: error: %s\n", nl::FlagText(st.ToString()).c_str());
   return 1;
 }
 
@@ -967,7 +967,7 @@ int RunChild(const Args& a, const nl::JobPlan& job, bool binds) {
 
 void PrintNotes(const nl::JobPlan& job, bool binds) {
   for (const std::string& note : job.notes)
-    std::fprintf(stderr, "loader_bench: %s\n", note.c_str());
+    std::fprintf(stderr, "loader_bench: %s\n", nl::FlagText(note).c_str());
   if (!binds) std::fprintf(stderr, "loader_bench: --bind off: no rank is bound\n");
   if (!job.gpu_note.empty())
     std::fprintf(stderr, "loader_bench: note: no GPU found through CUDA: %s\n",
@@ -1054,9 +1054,7 @@ void AddBenchOptions(CLI::App* app, Args* a) {
                   "Loader threads per rank, 1.." + std::to_string(nl::WorkerPool::kMaxThreads) +
                       " (default: the plan's loader cores)")
       ->check(CLI::Range(1u, nl::WorkerPool::kMaxThreads));
-  app->add_option("--epochs", a->pipeline.epochs, "Epochs to load, at least 1")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
-      ->capture_default_str();
+  nl::Add(app, nl::opt::kEpochs, &a->pipeline.epochs)->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32));
   app->add_option("--bind", a->bind, "on: bind per the plan; off: no binding")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
@@ -1069,7 +1067,7 @@ void AddBenchOptions(CLI::App* app, Args* a) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app->add_option("--record-indices", a->record_indices,
                   "Write {rank, epoch, indices} JSON lines to FILE");
-  app->add_flag("--json", a->json_out, "Print JSON");
+  nl::Add(app, nl::opt::kJson, &a->json_out);
   app->add_option("--mode", a->mode,
                   "inprocess: the pipeline in each rank process; service: a `loader serve` per "
                   "rank, consumed through its ring; both: one, then the other, and their ratio")
@@ -1080,8 +1078,7 @@ void AddBenchOptions(CLI::App* app, Args* a) {
                   "numa_loader.consume, PYTHONPATH=<build>/python)")
       ->check(CLI::IsMember({"cpp", "python"}))
       ->capture_default_str();
-  app->add_option("--loader", a->loader_path,
-                  "service: the loader binary (default: `loader` beside loader_bench)");
+  nl::Add(app, nl::opt::kLoaderBin, &a->loader_path);
 }
 
 void AddInternalOptions(CLI::App* app, Args* a) {

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "base/thread.h"
+#include "loader/cli/option_table.h"
 #include "loader/ring/client.h"
 #include "loader/ring/producer.h"
 #include "loader/staging/staging.h"
@@ -166,7 +167,7 @@ nl::Result<double> StagerGBps(const Args& a, std::string* note) {
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"staging_bench: H2D GB/s from ring slots via the Stager against pinned cudaMemcpy"};
-  app.add_option("--batch", a.batch, "Samples per batch")->check(CLI::Range(1u, 4096u));
+  nl::Add(&app, nl::opt::kBatchSize, &a.batch)->check(CLI::Range(1u, 4096u));
   app.add_option("--height", a.height, "Image height")->check(CLI::Range(1u, 4096u));
   app.add_option("--width", a.width, "Image width")->check(CLI::Range(1u, 4096u));
   app.add_option("--iterations", a.iterations, "Batches timed per method")
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
   app.add_option("--slots", a.slots, "Ring slots")->check(CLI::Range(2u, 64u));
   app.add_option("--device-buffers", a.device_buffers, "The Stager's device buffers")
       ->check(CLI::Range(1u, nl::kMaxDeviceBuffers));
-  app.add_option("--device", a.device, "CUDA device (-1: the current one)")
+  app.add_option("--cuda-device", a.device, "CUDA device (-1: the current one)")
       ->check(CLI::Range(-1, 1024));
   CLI11_PARSE(app, argc, argv);
 

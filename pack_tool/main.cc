@@ -18,14 +18,31 @@
 #include "formats/pack/pack.h"
 #include "formats/pack/verify.h"
 #include "base/parse_number.h"
+#include "base/quoted_names.h"
 
 namespace {
 
 std::atomic<bool> g_cancel{false};
 void OnSignal(int) { g_cancel.store(true); }
 
+// The command line, for WithFlags(): set once in main before any output.
+const CLI::App* g_app = nullptr;
+
+// A library's text with each `field` that names one of our options written
+// as its flag (the libraries name options by their fields).
+std::string WithFlags(const std::string& text) {
+  return nl::FlagsForFields(text, [](std::string_view flag) {
+    for (const CLI::App* sub : g_app->get_subcommands({})) {
+      for (const CLI::Option* o : sub->get_options()) {
+        if (o->check_lname(std::string(flag.substr(2)))) return true;
+      }
+    }
+    return false;
+  });
+}
+
 int Fail(const nl::Status& s) {
-  std::fprintf(stderr, "pack_tool: error: %s\n", s.ToString().c_str());
+  std::fprintf(stderr, "pack_tool: error: %s\n", WithFlags(s.ToString()).c_str());
   return s.code() == nl::StatusCode::kAborted ? 130 : 1;
 }
 
@@ -394,7 +411,7 @@ int RunVerify(const Flags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   nl::VerifyReport rep = nl::VerifyShardSet(f.out, vo);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (const auto& p : rep.problems) std::printf("%s: %s\n", p.where.c_str(), p.what.c_str());
+  for (const auto& p : rep.problems) std::printf("%s: %s\n", p.where.c_str(), WithFlags(p.what).c_str());
   std::fprintf(stderr,
                "verify %s: %llu records checked, %llu images decoded, %zu problem%s, %.2f s\n",
                f.out.c_str(), static_cast<unsigned long long>(rep.records_checked),
@@ -434,6 +451,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Flags f;
   const Subcommands sub = AddSubcommands(&app, &f);
+  g_app = &app;
   CLI11_PARSE(app, argc, argv);
   if (nl::Status st = CheckCounts(&f, sub.fake->parsed()); !st.ok()) return Fail(st);
 

@@ -119,8 +119,8 @@ PYEOF
 fi
 
 if part main; then
-expect_rc 1 "--order sequential is refused" "$LB" --data "$W/p" --order sequential
-expect_text "unknown --order 'sequential' (use random, blocks or auto)" "naming the choices"
+expect_rc 105 "--order sequential is refused" "$LB" --data "$W/p" --order sequential
+expect_text "--order: sequential not in {random,blocks,auto}" "naming the choices"
 expect_rc 1 "--io-memory 1.5G is refused" "$LB" --data "$W/p" --io-memory 1.5G
 expect_text "--io-memory: '1.5G' is not a size" "saying what a size is"
 expect_rc 1 "--io-memory 2000T is refused" "$LB" --data "$W/p" --io-memory 2000T

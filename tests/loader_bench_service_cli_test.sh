@@ -114,7 +114,7 @@ expect_rc 1 "--topology with --mode service is refused" "$LB" --data "$W/p" --mo
   --topology "$(dirname "$0")/topologies/one_node_8gpu.xml"
 expect_text "use --mode inprocess with --topology" "says what to do"
 expect_rc 1 "--record-indices with --mode both is refused" "$LB" --data "$W/p" --mode both --record-indices "$W/x"
-expect_rc 1 "a missing --loader" "$LB" --data "$W/p" --mode service --loader "$W/none/loader"
+expect_rc 1 "a missing --loader" "$LB" --data "$W/p" --mode service --loader-bin "$W/none/loader"
 expect_text "$W/none/loader, which is not an executable file" "names the path"
 
 # --- a serve that fails, or is killed: the rank's error row, nothing left -----
@@ -162,7 +162,7 @@ no_serve_left "$lb" "kill -9 loader_bench: no loader serve of its job is left"
 # directory without one): a clear error before anything runs.
 mkdir -p "$W/bare/bin" && cp "$LB" "$W/bare/bin/loader_bench"
 expect_rc 1 "--consumer python without the package" "$W/bare/bin/loader_bench" --data "$W/p" \
-  --mode service --consumer python --loader "$L"
+  --mode service --consumer python --loader-bin "$L"
 expect_text "no $W/bare/python/numa_loader/consume.py" "names the missing module"
 fi  # part main
 

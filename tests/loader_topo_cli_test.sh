@@ -58,7 +58,7 @@ expect_text "none.xml" "error names the file"
 expect_rc 0 "a 20-digit CUDA_VISIBLE_DEVICES entry ends the list, as in CUDA" \
   env CUDA_VISIBLE_DEVICES=99999999999999999999999 "$L" topo --topology "$T/incident.xml" --nproc-per-node 1
 expect_text "entry '99999999999999999999999' is not a GPU index (4 GPUs in PCI order); CUDA ignores it" "and says so"
-expect_rc 1 "a 20-digit --gpus entry is an error naming the flag" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --gpus 99999999999999999999
+expect_rc 105 "a 20-digit --gpus entry is an error naming the flag" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --gpus 99999999999999999999
 expect_text "in --gpus '99999999999999999999'" "names --gpus and quotes it"
 expect_rc 1 "a cpu list of a billion cpus is refused without allocating" "$L" topo --topology "$T/incident.xml" --nproc-per-node 1 --cpu-affinity 0-999999999
 expect_text "cpu indices are 0..65535" "states the bound"

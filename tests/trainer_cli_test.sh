@@ -622,7 +622,7 @@ if grep -q "rank" "$W/out"; then fail "ranks were started: $(cat "$W/out")"; els
 expect_rc 2 "--eval-split tset (a typo)" "$TR" --data "$W/p" "${SMALL[@]}" --eval-split tset
 expect_text "--eval-split tset: $W/p has no such split (it has test, train" "is refused, naming the splits"
 expect_rc 105 "--seed -1" "$TR" --data "$W/p" --seed -1
-expect_text "Value -1 is not a whole number" "is refused (not wrapped to 2^64-1)"
+expect_text "--seed: '-1' is out of range" "is refused (not wrapped to 2^64-1)"
 touch "$W/a-file"
 expect_rc 2 "--out on a file" "$TR" --data "$W/p" "${SMALL[@]}" --nproc-per-node 2 --max-steps 2 --out "$W/a-file"
 expect_text "trainer: error: cannot write the outputs: Invalid argument: --out $W/a-file is not a writable directory" \

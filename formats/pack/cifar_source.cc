@@ -258,7 +258,7 @@ Status WriteFakeBin(const std::string& path, uint64_t n, std::mt19937_64& rng) {
 
 Status WriteFakeCifar100(const std::string& dir, const FakeCifarOptions& o) {
   if (o.train == 0 || o.test == 0)
-    return Status::InvalidArgument("fake CIFAR-100 needs --train and --test > 0");
+    return Status::InvalidArgument("fake CIFAR-100 needs `train` and `test` > 0");
   if (o.train > kMaxFakeCifarImages || o.test > kMaxFakeCifarImages) {
     return Status::InvalidArgument("fake CIFAR-100 of " + std::to_string(o.train) + " train and " +
                                    std::to_string(o.test) + " test images: at most " +

@@ -571,8 +571,8 @@ Status CheckNonShardSetReplaceable(const std::string& out, const Status& why,
                                    const PackOptions& o) {
   if (o.replace_non_shard_set) return Status::Ok();
   return Status::AlreadyExists(out + " already exists and is not a shard set (" + why.message() +
-                               "); " + (o.force ? "--force replaces only shard sets; " : "") +
-                               "use --replace-non-shard-set to delete it and pack into its place");
+                               "); " + (o.force ? "`force` replaces only shard sets; " : "") +
+                               "use `replace_non_shard_set` to delete it and pack into its place");
 }
 
 using Clock = std::chrono::steady_clock;
@@ -595,7 +595,7 @@ Result<PackSummary> PackCifar100(const std::string& src, const std::string& out_
   // Checked under the lock: another pack may have created OUT meanwhile.
   if (PathExists(out)) {
     if (!o_in.force && !o_in.replace_non_shard_set) {
-      return Status::AlreadyExists(out + " already exists (use --force to replace it)");
+      return Status::AlreadyExists(out + " already exists (use `force` to replace it)");
     }
     Result<Manifest> existing = LoadManifest(out);
     if (!existing.ok())
@@ -664,7 +664,7 @@ Status CheckSplitFits(const Manifest& m, const ImageFolderSource& source, const 
   }
   if (m.FindSplit(split) && !o.force && !o.replace_non_shard_set) {
     return Status::AlreadyExists("split '" + split + "' already exists in " + out +
-                                 " (use --force to replace it)");
+                                 " (use `force` to replace it)");
   }
   return Status::Ok();
 }

@@ -116,7 +116,7 @@ TEST(PackCifar, ExistingOutRefusedUnlessForce) {
   ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts()).ok());
   Status s = PackCifar100(d / "src", d / "out", CifarLabel::kFine, Opts()).status();
   EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(s.message().find("already exists (use --force"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("already exists (use `force`"), std::string::npos) << s.ToString();
   PackOptions o = Opts();
   o.force = true;
   ASSERT_TRUE(PackCifar100(d / "src", d / "out", CifarLabel::kCoarse, o).ok());
@@ -432,7 +432,7 @@ TEST(PackSafety, ForceNeverDeletesTheSourceOrANonShardSet) {
               : PackImageFolder(d / "fsrc/train", d / "other", "train", only_force).status();
     EXPECT_EQ(r.code(), StatusCode::kAlreadyExists) << r.ToString();
     EXPECT_NE(r.message().find("is not a shard set"), std::string::npos) << r.ToString();
-    EXPECT_NE(r.message().find("--replace-non-shard-set"), std::string::npos) << r.ToString();
+    EXPECT_NE(r.message().find("`replace_non_shard_set`"), std::string::npos) << r.ToString();
     EXPECT_TRUE(PathExists(d / "other/thesis.tex"));
   }
   // Named plainly, it is replaced.

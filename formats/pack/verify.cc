@@ -123,7 +123,7 @@ Status CheckMaxSide(const RecordHeader& h, uint64_t index, const MaxSide& ms) {
   const auto [w, h2] = MaxSideSize(ow, oh, ms.n);
   if (h.width == w && h.height == h2) return Status::Ok();
   return Status::Corruption("image is " + std::to_string(h.width) + "x" + std::to_string(h.height) +
-                            " but --max-side " + std::to_string(ms.n) + " of its original " +
+                            " but `max_side` " + std::to_string(ms.n) + " of its original " +
                             std::to_string(ow) + "x" + std::to_string(oh) + " (manifest) gives " +
                             std::to_string(w) + "x" + std::to_string(h2));
 }

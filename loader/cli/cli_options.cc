@@ -8,6 +8,7 @@
 
 #include "base/parse_number.h"
 #include "base/worker_pool.h"
+#include "loader/cli/option_table.h"
 
 namespace nl {
 
@@ -16,11 +17,11 @@ namespace {
 void AddAugmentFlag(CLI::App* app, TransformFlags* f) {
   f->augment_default = f->augment;
   if (!f->augment) {
-    app->add_flag("--augment", f->augment,
-                  "The train transform (random crop, flip) instead of eval (resize only)");
+    Add(app, opt::kAugment, &f->augment);
     return;
   }
-  app->add_flag("--augment,!--no-augment", f->augment,
+  // The trainer's default, which --no-augment turns off (the last one given wins).
+  app->add_flag(std::string(opt::kAugment.flag) + ",!--no-augment", f->augment,
                 "The train transform (the default here; --no-augment: eval, resize only). "
                 "--augment alone: pad-crop " +
                     std::to_string(f->augment_pad_crop) +
@@ -32,35 +33,20 @@ void AddAugmentFlag(CLI::App* app, TransformFlags* f) {
 
 void AddTransformOptions(CLI::App* app, TransformConfig* c, TransformFlags* f, unsigned sets) {
   if (sets & kTransformShape) {
-    app->add_option("--image-size", c->image_size, "Output side in pixels")->capture_default_str();
-    app->add_option("--resize", f->resize,
-                    "squash (to SxS) or shorter-crop (shorter side S, centre crop)")
-        ->capture_default_str();
-    app->add_option("--resize-size", c->resize_size,
-                    "With shorter-crop: the shorter side becomes R, then the centre SxS is kept (torchvision "
-                    "Resize(R) + CenterCrop(S); ImageNet's eval: 256 for 224); default: --image-size");
+    Add(app, opt::kImageSize, &c->image_size);
+    Add(app, opt::kResize, &f->resize);
+    Add(app, opt::kResizeSize, &c->resize_size);
     AddAugmentFlag(app, f);
-    app->add_option("--pad-crop", f->pad_crop,
-                    "Train: zero-pad P pixels, then random crop (before resize)")
-        ->each([f](const std::string&) { f->pad_crop_given = true; });
-    app->add_flag("--random-resized-crop", f->rrc,
-                  "Train: torchvision RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3)");
-    app->add_flag("--no-flip", f->no_flip, "Train: no random horizontal flip");
-    app->add_option(
-           "--decode", f->decode,
-           "JPEG decode: exact (only the crop's region, the pixels of a full decode), fast "
-           "(that region scaled down in the DCT domain by 1/2, 1/4 or 1/8 as far as the crop "
-           "stays at least the output size, chroma by replication; not bit-exact; about 2 levels "
-           "off exact on average at 32-64 px, 0.4 at 224) or auto (eval: exact; train: per sample, fast where "
-           "its scale keeps the crop at least twice the output size, else exact: within 2 levels "
-           "of exact at every size, docs/DECODE.md)")
-        ->capture_default_str();
+    Add(app, opt::kPadCrop, &f->pad_crop)->each([f](const std::string&) { f->pad_crop_given = true; });
+    Add(app, opt::kRandomResizedCrop, &f->rrc);
+    Add(app, opt::kNoFlip, &f->no_flip);
+    Add(app, opt::kDecode, &f->decode);
   }
   if (sets & kTransformOutput) {
-    app->add_option("--layout", f->layout, "nchw or nhwc")->capture_default_str();
-    app->add_flag("--normalize", c->normalize, "float32 (x/255 - mean) / std instead of uint8");
-    app->add_option("--mean", f->mean, "Normalisation mean, e.g. 0.485,0.456,0.406");
-    app->add_option("--std", f->std, "Normalisation std, e.g. 0.229,0.224,0.225");
+    Add(app, opt::kLayout, &f->layout);
+    Add(app, opt::kNormalize, &c->normalize);
+    Add(app, opt::kMean, &f->mean);
+    Add(app, opt::kStd, &f->std);
   }
 }
 
@@ -132,15 +118,8 @@ Status FinishTransformOptions(const TransformFlags& f, TransformConfig* c) {
 }
 
 void AddOrderOptions(CLI::App* app, OrderFlags* f) {
-  app->add_option("--order", f->order,
-                  "random (a permutation each epoch), blocks (shuffled runs of consecutive "
-                  "records, mixed in memory: for data bigger than memory) or auto (random when "
-                  "the split fits in half the memory this process may use, else blocks)")
-      ->capture_default_str();
-  app->add_option("--io-memory", f->io_memory,
-                  "Bytes of records to read ahead (K, M, G suffixes; 0: none; blocks order on "
-                  "a split that does not fit holds them in its memory, at most half of it); "
-                  "default: an eighth of the memory this process may use, 4M..1G");
+  Add(app, opt::kOrder, &f->order);
+  Add(app, opt::kIoMemory, &f->io_memory);
 }
 
 Status FinishOrderOptions(const OrderFlags& f, OrderChoice* order,
@@ -148,32 +127,21 @@ Status FinishOrderOptions(const OrderFlags& f, OrderChoice* order,
   NL_ASSIGN_OR_RETURN(*order, ParseOrder(f.order));
   io_memory->reset();
   if (!f.io_memory.empty()) {
-    NL_ASSIGN_OR_RETURN(*io_memory, ParseByteSize(f.io_memory, "--io-memory", uint64_t{1} << 40));
+    NL_ASSIGN_OR_RETURN(*io_memory, ParseByteSize(f.io_memory, opt::kIoMemory.flag, opt::kIoMemory.max));
   }
   return Status::Ok();
 }
 
 void AddPipelineOptions(CLI::App* app, PipelineConfig* c, PipelineFlags* f) {
-  app->add_option("--data", c->data_dir, "Shard set directory (pack_tool output)")->required();
-  app->add_option("--split", c->split, "Split")->capture_default_str();
-  app->add_option("--batch-size", c->batch_size, "Samples per batch, at least 1")
-      ->check(CLI::Range(1u, 1u << 20))
-      ->capture_default_str();
-  app->add_option("--prefetch", c->prefetch,
-                  "Batches in flight, 1.." + std::to_string(kMaxPrefetch) +
-                      " (their buffers must fit in half the machine's memory)")
-      ->check(CLI::Range(1u, kMaxPrefetch))
-      ->capture_default_str();
-  app->add_option("--seed", c->seed, "Shuffle and augmentation seed, 0 or more")
-      ->check(CLI::NonNegativeNumber)  // CLI11 would wrap -1 to 2^64 - 1
-      ->capture_default_str();
-  app->add_flag("--no-shuffle", f->no_shuffle, "Index order instead of a per-epoch permutation");
-  app->add_flag("--drop-last", c->drop_last,
-                "Trim the dataset to a multiple of the world size instead of padding");
-  app->add_flag("--drop-last-batch", c->drop_last_batch, "Drop each epoch's last partial batch");
-  app->add_option("--on-bad-record", f->on_bad_record,
-                  "error (stop, naming the record) or skip (replace and count)")
-      ->capture_default_str();
+  Add(app, opt::kData, &c->data_dir);
+  Add(app, opt::kSplit, &c->split);
+  Add(app, opt::kBatchSize, &c->batch_size);
+  Add(app, opt::kPrefetch, &c->prefetch);
+  Add(app, opt::kSeed, &c->seed);
+  Add(app, opt::kNoShuffle, &f->no_shuffle);
+  Add(app, opt::kDropLast, &c->drop_last);
+  Add(app, opt::kDropLastBatch, &c->drop_last_batch);
+  Add(app, opt::kOnBadRecord, &f->on_bad_record);
   AddOrderOptions(app, &f->order);
 }
 
@@ -186,29 +154,18 @@ Status FinishPipelineOptions(const PipelineFlags& f, PipelineConfig* c) {
 }
 
 void AddPlanOptions(CLI::App* app, JobPlanRequest* rq, unsigned sets) {
-  if (sets & kPlanTopology) {
-    app->add_option("--topology", rq->topology_file,
-                    "Plan for the machine an hwloc XML file describes instead of this one "
-                    "(binding then reports not_supported)");
-  }
+  if (sets & kPlanTopology) Add(app, opt::kTopology, &rq->topology_file);
   if (sets & kPlanPlacement) {
-    app->add_option("--gpus", rq->gpus,
-                    "GPU index of each local rank, e.g. 0,2 (default: rank i uses GPU i)");
-    app->add_option("--numa-node", rq->numa_node,
-                    "NUMA node of each local rank (or one for all), e.g. 0,0,1,1");
-    app->add_option("--cpu-affinity", rq->cpu_affinity,
-                    "One cpu list per local rank: \"0-9,44-53;10-21,54-65\"");
-    app->add_option("--trainer-cores", rq->trainer_cores, "Cores reserved for each trainer rank")
-        ->check(CLI::Range(1, kMaxCpuIndex))
-        ->capture_default_str();
+    Add(app, opt::kGpus, &rq->gpus);
+    Add(app, opt::kNumaNode, &rq->numa_node);
+    Add(app, opt::kCpuAffinity, &rq->cpu_affinity);
+    Add(app, opt::kTrainerCores, &rq->trainer_cores);
   }
   if (sets & kPlanFallbacks) {
-    app->add_flag("--allow-shared-cores", rq->allow_shared_cores,
-                  "Let ranks share cores when a node has too few");
-    app->add_flag("--ignore-gpus", rq->ignore_gpus,
-                  "Plan as if no GPU were visible (ranks round-robin over NUMA nodes)");
+    Add(app, opt::kAllowSharedCores, &rq->allow_shared_cores);
+    Add(app, opt::kIgnoreGpus, &rq->ignore_gpus);
   }
-  if (sets & kPlanNoBind) app->add_flag("--no-bind", rq->no_bind, "Bind nothing");
+  if (sets & kPlanNoBind) Add(app, opt::kNoBind, &rq->no_bind);
 }
 
 std::string FormatNumber(double v) {

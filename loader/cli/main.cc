@@ -16,6 +16,7 @@
 #include "base/parse_number.h"
 #include "formats/shard.h"
 #include "loader/cli/cli_options.h"
+#include "loader/cli/option_table.h"
 #include "loader/cli/serve_consume.h"
 #include "loader/pipeline/sample_path.h"
 #include "loader/plan/binding.h"
@@ -26,7 +27,7 @@
 namespace {
 
 int Fail(const nl::Status& s) {
-  std::fprintf(stderr, "loader: error: %s\n", s.ToString().c_str());
+  std::fprintf(stderr, "loader: error: %s\n", nl::FlagText(s.ToString()).c_str());
   return 1;
 }
 
@@ -98,7 +99,7 @@ nlohmann::json ToJson(const nl::Topology& t, const std::vector<nl::VisibleGpu>& 
                           {"loader_cpus", r.loader_cpus},
                           {"mem_node", r.mem_node},
                           {"shares_cores", r.shares_cores},
-                          {"reason", r.reason}});
+                          {"reason", nl::FlagText(r.reason)}});
   }
   return j;
 }
@@ -109,7 +110,7 @@ int Topo(TopoArgs a) {
   if (!job.ok()) return Fail(job.status());
   if (a.json) {
     nlohmann::json j = ToJson(job->topology, job->gpus, job->plan);
-    j["notes"] = job->notes;
+    for (const std::string& note : job->notes) j["notes"].push_back(nl::FlagText(note));
     j["gpu_note"] = job->gpu_note;  // why no GPU was found through CUDA ("" when one was)
     std::cout << j.dump() << "\n";
     return 0;
@@ -118,9 +119,9 @@ int Topo(TopoArgs a) {
   const size_t n = job->plan.ranks.size();
   std::printf("\nbinding plan for %zu local rank%s:\n", n, n == 1 ? "" : "s");
   for (const nl::RankPlan& r : job->plan.ranks) {
-    std::printf("%s\n    because: %s\n", nl::PlanLine(r.local_rank, r).c_str(), r.reason.c_str());
+    std::printf("%s\n    because: %s\n", nl::PlanLine(r.local_rank, r).c_str(), nl::FlagText(r.reason).c_str());
   }
-  for (const std::string& note : job->notes) std::printf("note: %s\n", note.c_str());
+  for (const std::string& note : job->notes) std::printf("note: %s\n", nl::FlagText(note).c_str());
   return 0;
 }
 
@@ -271,37 +272,32 @@ nl::Status Preview(PreviewArgs a) {
 
 CLI::App* AddTopo(CLI::App* app, TopoArgs* t) {
   auto* topo = app->add_subcommand("topo", "Show the GPU/NUMA/CPU map and the binding plan");
-  topo->add_option("--nproc-per-node", t->rq.nproc,
-                   "Local ranks, 1.." + std::to_string(nl::kMaxLocalRanks) +
-                       " (default: one per visible GPU, at least 1)")
-      ->check(CLI::Range(1, nl::kMaxLocalRanks));
+  nl::Add(topo, nl::opt::kNprocPerNode, &t->rq.nproc)->default_str("");
   nl::AddPlanOptions(topo, &t->rq,
                      nl::kPlanTopology | nl::kPlanPlacement | nl::kPlanFallbacks | nl::kPlanNoBind);
-  topo->add_flag("--json", t->json, "Print the map and plan as one JSON object");
+  nl::Add(topo, nl::opt::kJson, &t->json)->description("Print the map and plan as one JSON object");
   return topo;
 }
 
 CLI::App* AddPreview(CLI::App* app, PreviewArgs* pv) {
   auto* preview = app->add_subcommand(
       "preview", "Write processed samples as PNG: exactly the pixels the model sees");
-  preview->add_option("--data", pv->data, "Shard set directory")->required();
-  preview->add_option("--split", pv->split, "Split")->capture_default_str();
+  nl::Add(preview, nl::opt::kData, &pv->data);
+  nl::Add(preview, nl::opt::kSplit, &pv->split);
   preview->add_option("--indices", pv->indices, "Sample indices, e.g. 0,5,9");
-  preview->add_option("--out", pv->out, "Directory for <index>.png");
+  nl::Add(preview, nl::opt::kOut, &pv->out);
   preview->add_option("--grid", pv->grid,
                       "Also write a contact sheet (without --indices: a whole batch)");
   preview->add_option("--batch", pv->batch, "With --grid and no --indices: which batch of the epoch")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  preview->add_option("--batch-size", pv->batch_size, "With --grid and no --indices: its size")
+  nl::Add(preview, nl::opt::kBatchSize, &pv->batch_size)
       ->check(CLI::Range(1u, kMaxPreviewSamples))
-      ->capture_default_str();
+      ->description("With --grid and no --indices: its size");
   preview->add_option("--epoch", pv->epoch, "Epoch (augmentation and batch order depend on it)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  preview->add_option("--seed", pv->seed, "Seed")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  nl::Add(preview, nl::opt::kSeed, &pv->seed);
   nl::AddTransformOptions(preview, &pv->transform, &pv->flags);
   return preview;
 }

@@ -37,8 +37,9 @@ void InstallStopHandlers() {
 int g_failure_fd = -1;
 
 int Fail(const std::string& who, const Status& s) {
-  std::fprintf(stderr, "%s: error: %s\n", who.c_str(), s.ToString().c_str());
-  proc::WriteFailureReport(g_failure_fd, proc::FailureKind::kOwn, s.ToString());
+  const std::string text = FlagText(s.ToString());
+  std::fprintf(stderr, "%s: error: %s\n", who.c_str(), text.c_str());
+  proc::WriteFailureReport(g_failure_fd, proc::FailureKind::kOwn, text);
   return 1;
 }
 
@@ -48,6 +49,16 @@ CLI::App* AddServe(CLI::App* app, ServeFlags* flags) {
   auto* s = app->add_subcommand(
       "serve", "Run the loader service for one rank: fill its shared-memory ring with batches");
   AddServeOptions(s, flags);
+  // The options above as JSON, then exit: what the Python package builds its
+  // keywords, defaults and checks from. (A callback, so the required
+  // options need not be given.)
+  s->add_flag_callback(
+      "--options-json",
+      [s] {
+        std::printf("%s\n", OptionsJson(*s).c_str());
+        throw CLI::Success();
+      },
+      "Print these options (flag, kind, default, range, help) as JSON and exit");
   return s;
 }
 
@@ -58,7 +69,9 @@ Result<JobPlan> PlanServe(const std::string& tool, ServeRequest* r) {
   r->plan.nproc = r->local_world;
   if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) r->plan.cuda_visible_devices = cvd;
   NL_ASSIGN_OR_RETURN(JobPlan job, MakeJobPlan(r->plan));
-  for (const std::string& note : job.notes) std::fprintf(stderr, "%s: %s\n", tool.c_str(), note.c_str());
+  for (const std::string& note : job.notes) {
+    std::fprintf(stderr, "%s: %s\n", tool.c_str(), FlagText(note).c_str());
+  }
   if (r->local_rank >= static_cast<int64_t>(job.plan.ranks.size())) {
     return Status::InvalidArgument("local rank " + std::to_string(r->local_rank) +
                                    " but the plan has " + std::to_string(job.plan.ranks.size()) +
@@ -97,6 +110,8 @@ int RunServe(const ServeFlags& flags) {
   const PipelineConfig& pc = service.pipeline;
   InstallStopHandlers();
   service.stop_signal = &g_signal;
+  // The service's lines name options by their fields: written as flags here.
+  service.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", FlagText(line).c_str()); };
   service.on_listening = [&] {
     std::fprintf(stderr,
                  "%s: job %s, rank %d of %d: %u loader threads, %u slots of batch %u; waiting "
@@ -121,25 +136,17 @@ int RunServe(const ServeFlags& flags) {
 CLI::App* AddConsume(CLI::App* app, ConsumeArgs* a) {
   auto* c = app->add_subcommand(
       "consume", "Attach to a rank's loader service, read and check batches, report throughput");
-  c->add_option("--job-id", a->job_id, "Job id of the loader serve")->required();
-  c->add_option("--rank", a->rank, "Rank (default: $RANK, else 0)");
+  Add(c, opt::kJobId, &a->job_id);
+  Add(c, opt::kRank, &a->rank);
   c->add_option("--batches", a->batches, "Batches to read (default: until the producer's end)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
-  c->add_option("--timeout", a->timeout_s,
-                "Seconds to wait for a batch before reporting the producer stuck")
-      ->check(CLI::Range(0.0, 1e7))
-      ->capture_default_str();
-  c->add_option("--attach-timeout", a->attach_timeout_s,
-                "Seconds to wait for the producer to appear")
-      ->check(CLI::Range(0.0, 1e7))
-      ->capture_default_str();
-  c->add_option("--start-epoch", a->start_epoch, "Ask for batches from this epoch on")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
-  c->add_option("--start-batch", a->start_batch, "... and this batch of it (with --start-epoch)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  Add(c, opt::kTimeout, &a->timeout_s);
+  Add(c, opt::kAttachTimeout, &a->attach_timeout_s);
+  Add(c, opt::kStartEpoch, &a->start_epoch)->description("Ask for batches from this epoch on");
+  Add(c, opt::kStartBatch, &a->start_batch)->description("... and this batch of it (with --start-epoch)");
   c->add_option("--dump", a->dump,
                 "Write each batch's pixels, labels and indices (int64 LE), in order, to FILE");
-  c->add_flag("--json", a->json, "Print one JSON object");
+  Add(c, opt::kJson, &a->json);
   return c;
 }
 
@@ -239,7 +246,7 @@ void ConsumeBatches(const ConsumeArgs& a, const std::string& tool, RingClient& c
         s->end_note = "the producer's last epoch is out";
         return;
       }
-      std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), b.status().ToString().c_str());
+      std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), FlagText(b.status().ToString()).c_str());
       s->rc = b.status().code() == StatusCode::kDeadlineExceeded ? 2 : 1;
       return;
     }
@@ -262,7 +269,7 @@ void ConsumeBatches(const ConsumeArgs& a, const std::string& tool, RingClient& c
     const Status rs = c.Release(*b);
     s->in_calls_s += SecondsSince(r0);
     if (!rs.ok()) {
-      std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), rs.ToString().c_str());
+      std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), FlagText(rs.ToString()).c_str());
       s->rc = 1;
       return;
     }
@@ -315,7 +322,7 @@ Status OpenDump(const std::string& path, std::ofstream* dump) {
 
 int RunConsume(const ConsumeArgs& a) {
   const std::string tool = "loader consume";
-  auto rank = FlagOrEnv(a.rank, "--rank", "RANK", 0, 0, 1 << 20, &ProcessEnv);
+  auto rank = FlagOrEnv(a.rank, opt::kRank, "RANK", 0, &ProcessEnv);
   if (!rank.ok()) return Fail(tool, rank.status());
   if (a.start_batch != 0 && a.start_epoch < 0) {
     return Fail(tool, Status::InvalidArgument("--start-batch needs --start-epoch"));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "loader/cli/cli_options.h"
+#include "loader/cli/option_table.h"
 #include "loader/plan/job_plan.h"
 #include "loader/ring/service.h"
 
@@ -61,7 +62,8 @@ Result<ServeRequest> FinishServeOptions(const ServeFlags& flags, EnvLookup env);
 
 // A flag's text, else the environment variable's, else `def`; parsed, and
 // the error names the flag or the variable and quotes the text.
-Result<int64_t> FlagOrEnv(const std::string& flag_text, const char* flag, const char* variable,
-                          int64_t def, int64_t min, int64_t max, EnvLookup env);
+// The range is the option's.
+Result<int64_t> FlagOrEnv(const std::string& flag_text, const OptionDef& option, const char* variable,
+                          int64_t def, EnvLookup env);
 
 }  // namespace nl

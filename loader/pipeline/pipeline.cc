@@ -41,7 +41,7 @@ Result<std::unique_ptr<HeapBuffers>> HeapBuffers::Create(size_t count, uint32_t 
       return Status::ResourceExhausted(
           "cannot allocate batch buffer " + std::to_string(i + 1) + " of " + std::to_string(count) +
           " (" + std::to_string(size) +
-          " bytes each; lower --prefetch, --batch-size or --image-size)");
+          " bytes each; lower `prefetch`, `batch_size` or `image_size`)");
     }
     if (align == kHuge) (void)madvise(p, size, MADV_HUGEPAGE);
     auto* base = static_cast<uint8_t*>(p);
@@ -57,7 +57,7 @@ Result<OrderChoice> ParseOrder(const std::string& s) {
   if (s == "auto") return OrderChoice::kAuto;
   if (s == "random") return OrderChoice::kRandom;
   if (s == "blocks") return OrderChoice::kBlocks;
-  return Status::InvalidArgument("unknown --order '" + s + "' (use random, blocks or auto)");
+  return Status::InvalidArgument("unknown `order` '" + s + "' (use random, blocks or auto)");
 }
 
 const char* OrderChoiceName(OrderChoice o) {
@@ -75,7 +75,7 @@ const char* OrderChoiceName(OrderChoice o) {
 Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
   if (s == "error") return OnBadRecord::kError;
   if (s == "skip") return OnBadRecord::kSkip;
-  return Status::InvalidArgument("unknown --on-bad-record '" + s + "' (use error or skip)");
+  return Status::InvalidArgument("unknown `on_bad_record` '" + s + "' (use error or skip)");
 }
 
 void Pipeline::Impl::Assign(uint64_t g) {
@@ -101,10 +101,10 @@ Status CheckCounts(const PipelineConfig& c) {
                                    std::to_string(c.threads) + ")");
   }
   if (c.prefetch < 1 || c.prefetch > kMaxPrefetch) {
-    return Status::InvalidArgument("--prefetch must be 1.." + std::to_string(kMaxPrefetch) +
+    return Status::InvalidArgument("`prefetch` must be 1.." + std::to_string(kMaxPrefetch) +
                                    " (asked for " + std::to_string(c.prefetch) + ")");
   }
-  if (c.batch_size < 1) return Status::InvalidArgument("--batch-size must be at least 1");
+  if (c.batch_size < 1) return Status::InvalidArgument("`batch_size` must be at least 1");
   return Status::Ok();
 }
 
@@ -121,7 +121,7 @@ Status CheckBufferMemory(uint32_t count, uint32_t batch_size, size_t sample_byte
   char msg[256];
   std::snprintf(msg, sizeof msg,
                 "%u batch buffers of %u samples x %zu bytes need %.1f GiB, more than half of "
-                "this machine's %.1f GiB: lower --prefetch, --batch-size or --image-size",
+                "this machine's %.1f GiB: lower `prefetch`, `batch_size` or `image_size`",
                 count, batch_size, sample_bytes, want / (1ull << 30), have / (1ull << 30));
   return Status::ResourceExhausted(msg);
 }
@@ -161,7 +161,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   m.bpe = sampler.batches_per_epoch();
   if (m.plan.staged && mem.bytes > 0 && m.plan.io_memory > mem.bytes / 2) {
     return Status::ResourceExhausted(
-        "--io-memory " + FormatBytes(m.plan.io_memory) +
+        "`io_memory` " + FormatBytes(m.plan.io_memory) +
         " is more than half of the " + FormatBytes(mem.bytes) + " this process may use (" +
         mem.source + "): blocks order holds that much of the split in its memory");
   }

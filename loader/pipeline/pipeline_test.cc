@@ -337,7 +337,7 @@ TEST(Pipeline, ReadPlanFollowsTheSplitAndTheMemory) {
   EXPECT_EQ(PlanReading(c, 1'000'000, 4 * kGiB, kGiB, "x").ahead_samples, 0u);
   EXPECT_EQ(*ParseOrder("blocks"), OrderChoice::kBlocks);
   EXPECT_EQ(ParseOrder("sequential").status().message(),
-            "unknown --order 'sequential' (use random, blocks or auto)");
+            "unknown `order` 'sequential' (use random, blocks or auto)");
 }
 
 // Blocks order: a window wider than a rank's share shuffles the whole share,
@@ -740,7 +740,7 @@ TEST(PipelineContract, AbsurdCountsAreRefusedBeforeAllocating) {
             std::string::npos);
   c.threads = 1;
   c.prefetch = 2147483647;
-  EXPECT_NE(Pipeline::Open(c).status().message().find("--prefetch must be 1..1024"),
+  EXPECT_NE(Pipeline::Open(c).status().message().find("`prefetch` must be 1..1024"),
             std::string::npos);
   c.prefetch = 1024;
   c.batch_size = 1 << 20;

@@ -30,11 +30,11 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
   switch (c.order) {
     case OrderChoice::kRandom:
       p.order = SampleOrder::kRandom;
-      why = "--order random";
+      why = "`order` random";
       break;
     case OrderChoice::kBlocks:
       p.order = SampleOrder::kBlocks;
-      why = "--order blocks";
+      why = "`order` blocks";
       break;
     case OrderChoice::kAuto:
       p.order = fits ? SampleOrder::kRandom : SampleOrder::kBlocks;
@@ -75,9 +75,9 @@ ReadPlan PlanReading(const PipelineConfig& c, uint64_t samples, uint64_t split_b
                  FormatBytes(p.block_samples * mean) + "), " + std::to_string(p.window_blocks) +
                  " a window";
   }
-  p.summary += ahead ? "; read-ahead " + FormatBytes(p.io_memory) + " (--io-memory)"
+  p.summary += ahead ? "; read-ahead " + FormatBytes(p.io_memory) + " (`io_memory`)"
                      : std::string("; no read-ahead") +
-                           (p.io_memory == 0 ? " (--io-memory 0)" : " (the split fits in memory)");
+                           (p.io_memory == 0 ? " (`io_memory` 0)" : " (the split fits in memory)");
   if (p.staged) {
     p.summary += p.direct ? ", a window at a time by a reader thread, past the page cache (O_DIRECT)"
                           : ", a window at a time by a reader thread";

@@ -74,7 +74,7 @@ Status CheckOptions(const PlanOptions& o) {
                                    " (asked for " + std::to_string(o.nproc) + ")");
   }
   if (o.trainer_cores < 1 || o.trainer_cores > kMaxCpuIndex) {
-    return Status::InvalidArgument("--trainer-cores must be 1.." + std::to_string(kMaxCpuIndex) +
+    return Status::InvalidArgument("`trainer_cores` must be 1.." + std::to_string(kMaxCpuIndex) +
                                    " (asked for " + std::to_string(o.trainer_cores) + ")");
   }
   return Status::Ok();
@@ -85,7 +85,7 @@ Status AssignGpus(const PlanOptions& o, BindingPlan* plan) {
   const int n = o.nproc;
   const auto& gpus = o.visible_gpus;
   if (!o.rank_gpu.empty() && static_cast<int>(o.rank_gpu.size()) != n) {
-    return Status::InvalidArgument("--gpus lists " + std::to_string(o.rank_gpu.size()) +
+    return Status::InvalidArgument("`gpus` lists " + std::to_string(o.rank_gpu.size()) +
                                    " GPUs for " + std::to_string(n) + " local ranks");
   }
   if (!gpus.empty() && o.rank_gpu.empty() && n > static_cast<int>(gpus.size())) {
@@ -96,7 +96,7 @@ Status AssignGpus(const PlanOptions& o, BindingPlan* plan) {
     RankPlan& rp = plan->ranks[r];
     rp.local_rank = r;
     if (gpus.empty()) {
-      if (!o.rank_gpu.empty()) return Status::InvalidArgument("--gpus given but no GPU is visible");
+      if (!o.rank_gpu.empty()) return Status::InvalidArgument("`gpus` given but no GPU is visible");
       continue;
     }
     const int g = o.rank_gpu.empty() ? r : o.rank_gpu[r];
@@ -117,11 +117,11 @@ Status AssignNodes(const Topology& topo, const PlanOptions& o, BindingPlan* plan
   const auto& gpus = o.visible_gpus;
   if (!o.numa_node.empty() && o.numa_node.size() != 1 &&
       static_cast<int>(o.numa_node.size()) != n) {
-    return Status::InvalidArgument("--numa-node lists " + std::to_string(o.numa_node.size()) +
+    return Status::InvalidArgument("`numa_node` lists " + std::to_string(o.numa_node.size()) +
                                    " nodes for " + std::to_string(n) + " local ranks");
   }
   if (!o.cpu_affinity.empty() && static_cast<int>(o.cpu_affinity.size()) != n) {
-    return Status::InvalidArgument("--cpu-affinity lists " + std::to_string(o.cpu_affinity.size()) +
+    return Status::InvalidArgument("`cpu_affinity` lists " + std::to_string(o.cpu_affinity.size()) +
                                    " cpu sets for " + std::to_string(n) + " local ranks");
   }
   std::vector<int> with_cores;  // nodes that have allowed cores, for round-robin
@@ -134,14 +134,14 @@ Status AssignNodes(const Topology& topo, const PlanOptions& o, BindingPlan* plan
     if (!o.numa_node.empty()) {
       rp.numa_node = o.numa_node.size() == 1 ? o.numa_node[0] : o.numa_node[r];
       if (!topo.FindNode(rp.numa_node)) {
-        return Status::InvalidArgument("--numa-node " + std::to_string(rp.numa_node) +
+        return Status::InvalidArgument("`numa_node` " + std::to_string(rp.numa_node) +
                                        " for local rank " + std::to_string(r) +
                                        ": this machine has no such NUMA node");
       }
-      rp.reason = "NUMA node " + std::to_string(rp.numa_node) + " set by --numa-node";
+      rp.reason = "NUMA node " + std::to_string(rp.numa_node) + " set by `numa_node`";
     } else if (!o.cpu_affinity.empty()) {
       rp.numa_node = NodeOfCpus(topo, o.cpu_affinity[r]);
-      rp.reason = "cpus set by --cpu-affinity";
+      rp.reason = "cpus set by `cpu_affinity`";
     } else if (rp.gpu >= 0) {
       const int g = o.rank_gpu.empty() ? r : o.rank_gpu[r];
       rp.numa_node = gpus[g].gpu.numa_node;
@@ -172,7 +172,7 @@ Status CoresFromAffinity(const Topology& topo, const PlanOptions& o, BindingPlan
     RankPlan& rp = plan->ranks[r];
     const CpuList& want = o.cpu_affinity[r];
     if (want.empty())
-      return Status::InvalidArgument("--cpu-affinity for local rank " + std::to_string(r) +
+      return Status::InvalidArgument("`cpu_affinity` for local rank " + std::to_string(r) +
                                      " is empty");
     CpuList outside;
     for (int c : want)
@@ -180,7 +180,7 @@ Status CoresFromAffinity(const Topology& topo, const PlanOptions& o, BindingPlan
         outside.push_back(c);
     if (!outside.empty()) {
       return Status::InvalidArgument(
-          "--cpu-affinity for local rank " + std::to_string(r) + " uses cpus " +
+          "`cpu_affinity` for local rank " + std::to_string(r) + " uses cpus " +
           FormatCpuList(outside) +
           " that this process may not use (allowed: " + FormatCpuList(topo.allowed_pus()) + ")");
     }
@@ -204,7 +204,7 @@ Status SliceNodeCores(const Topology& topo, const PlanOptions& o, BindingPlan* p
           "NUMA node " + std::to_string(node_id) + " has " + std::to_string(c) + " allowed core" +
           (c == 1 ? "" : "s") + " (" + FormatCpuList(Intersect(node.pus, topo.allowed_pus())) +
           ") for " + std::to_string(k) + " local ranks (" + FormatRankList(ranks) +
-          "): give the job more cores (cgroup/taskset), fewer ranks, or --allow-shared-cores");
+          "): give the job more cores (cgroup/taskset), fewer ranks, or `allow_shared_cores`");
     }
     size_t next = 0;
     for (size_t j = 0; j < k; ++j) {
@@ -228,7 +228,7 @@ Status SliceNodeCores(const Topology& topo, const PlanOptions& o, BindingPlan* p
       }
       if (shared) {
         rp.reason += " (only " + std::to_string(c) + " cores for " + std::to_string(k) +
-                     " ranks: cores shared, --allow-shared-cores)";
+                     " ranks: cores shared, `allow_shared_cores`)";
       }
       SplitSlice(slice, o.trainer_cores, &rp);
     }
@@ -245,7 +245,7 @@ Result<BindingPlan> Plan(const Topology& topo, const PlanOptions& o) {
   NL_RETURN_IF_ERROR(AssignGpus(o, &plan));
   if (o.no_bind) {
     plan.binds = false;
-    for (RankPlan& rp : plan.ranks) rp.reason = "binding disabled (--no-bind)";
+    for (RankPlan& rp : plan.ranks) rp.reason = "binding disabled (`no_bind`)";
     return plan;
   }
   NL_RETURN_IF_ERROR(AssignNodes(topo, o, &plan));
@@ -272,7 +272,7 @@ Result<std::vector<CpuList>> ParseCpuAffinity(const std::string& text) {
   std::vector<CpuList> out;
   for (std::string_view part : SplitText(text, ';')) {
     Result<CpuList> l = ParseCpuList(std::string(part));
-    if (!l.ok()) return l.status().WithContext("--cpu-affinity rank " + std::to_string(out.size()));
+    if (!l.ok()) return l.status().WithContext("`cpu_affinity` rank " + std::to_string(out.size()));
     out.push_back(std::move(*l));
   }
   return out;

@@ -181,7 +181,7 @@ TEST(Plan, CgroupLimitsStayInside) {
   EXPECT_EQ(
       s.message(),
       "NUMA node 1 has 1 allowed core (22,66) for 2 local ranks (2,3): give the job more cores "
-      "(cgroup/taskset), fewer ranks, or --allow-shared-cores");
+      "(cgroup/taskset), fewer ranks, or `allow_shared_cores`");
   o.allow_shared_cores = true;
   p = Plan(t, o);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -212,7 +212,7 @@ TEST(Plan, Overrides) {
   EXPECT_NE(Plan(t, o).status().message().find("uses cpus 200-201 that this process may not use"),
             std::string::npos);
   o.cpu_affinity = *ParseCpuAffinity("0-3");
-  EXPECT_EQ(Plan(t, o).status().message(), "--cpu-affinity lists 1 cpu sets for 2 local ranks");
+  EXPECT_EQ(Plan(t, o).status().message(), "`cpu_affinity` lists 1 cpu sets for 2 local ranks");
 
   o = Options(t, 2);
   o.numa_node = {1, 1};

@@ -12,10 +12,10 @@ Result<std::vector<int>> IntList(const std::string& text, const char* flag, int6
 
 Status ParsePlanFlags(const JobPlanRequest& rq, PlanOptions* o) {
   if (!rq.gpus.empty()) {
-    NL_ASSIGN_OR_RETURN(o->rank_gpu, IntList(rq.gpus, "--gpus", kMaxGpuIndex));
+    NL_ASSIGN_OR_RETURN(o->rank_gpu, IntList(rq.gpus, "`gpus`", kMaxGpuIndex));
   }
   if (!rq.numa_node.empty()) {
-    NL_ASSIGN_OR_RETURN(o->numa_node, IntList(rq.numa_node, "--numa-node", kMaxCpuIndex));
+    NL_ASSIGN_OR_RETURN(o->numa_node, IntList(rq.numa_node, "`numa_node`", kMaxCpuIndex));
   }
   if (!rq.cpu_affinity.empty()) {
     NL_ASSIGN_OR_RETURN(o->cpu_affinity, ParseCpuAffinity(rq.cpu_affinity));
@@ -26,18 +26,18 @@ Status ParsePlanFlags(const JobPlanRequest& rq, PlanOptions* o) {
 // Flags that contradict each other: an error naming both, before anything is loaded.
 Status CheckContradictions(const JobPlanRequest& rq) {
   if (rq.ignore_gpus && !rq.gpus.empty()) {
-    return Status::InvalidArgument("--gpus '" + rq.gpus +
-                                   "' and --ignore-gpus contradict: --ignore-gpus plans as if no "
+    return Status::InvalidArgument("`gpus` '" + rq.gpus +
+                                   "' and `ignore_gpus` contradict: `ignore_gpus` plans as if no "
                                    "GPU were visible; drop one of them");
   }
   if (rq.no_bind) {
-    const char* with = !rq.numa_node.empty()      ? "--numa-node"
-                       : !rq.cpu_affinity.empty() ? "--cpu-affinity"
-                       : rq.trainer_cores != 1    ? "--trainer-cores"
+    const char* with = !rq.numa_node.empty()      ? "`numa_node`"
+                       : !rq.cpu_affinity.empty() ? "`cpu_affinity`"
+                       : rq.trainer_cores != 1    ? "`trainer_cores`"
                                                   : nullptr;
     if (with) {
-      return Status::InvalidArgument(std::string(with) + " and --no-bind contradict: " + with +
-                                     " says where ranks run, --no-bind binds nothing; drop one "
+      return Status::InvalidArgument(std::string(with) + " and `no_bind` contradict: " + with +
+                                     " says where ranks run, `no_bind` binds nothing; drop one "
                                      "of them");
     }
   }
@@ -62,7 +62,7 @@ Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
   if (!cvd_note.empty()) job.notes.push_back(cvd_note);
   if (rq.ignore_gpus) {
     if (!gpus.empty()) {
-      job.notes.push_back("--ignore-gpus: planning without the " + std::to_string(gpus.size()) +
+      job.notes.push_back("`ignore_gpus`: planning without the " + std::to_string(gpus.size()) +
                           " visible GPU(s); ranks go round-robin over NUMA nodes");
     }
   } else {
@@ -84,7 +84,7 @@ Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
       short_trainer.push_back(r.local_rank);
   }
   if (!shared.empty()) {  // one line, however many ranks
-    job.notes.push_back("--allow-shared-cores: local rank" +
+    job.notes.push_back("`allow_shared_cores`: local rank" +
                         std::string(shared.size() == 1 ? " " : "s ") + FormatRankList(shared) +
                         (shared.size() == 1 ? " shares its" : " share their") +
                         " cores with another rank");
@@ -92,7 +92,7 @@ Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
   if (!short_trainer.empty()) {
     const RankPlan& r = job.plan.ranks[short_trainer.front()];
     job.notes.push_back(
-        "--trainer-cores " + std::to_string(rq.trainer_cores) + ": local rank" +
+        "`trainer_cores` " + std::to_string(rq.trainer_cores) + ": local rank" +
         (short_trainer.size() == 1 ? " " : "s ") + FormatRankList(short_trainer) +
         (short_trainer.size() == 1 ? " has" : " have") +
         " too few cores for that; each trainer got 1 cpu shared with its loader threads "
@@ -100,7 +100,7 @@ Result<JobPlan> MakeJobPlan(const JobPlanRequest& rq) {
         std::to_string(r.local_rank) + ": trainer_cpus=" + FormatCpuList(r.trainer_cpus) +
         " loader_cpus=" + FormatCpuList(r.loader_cpus) + ")");
   }
-  if (!job.plan.binds) job.notes.push_back("--no-bind: no rank is bound");
+  if (!job.plan.binds) job.notes.push_back("`no_bind`: no rank is bound");
   return job;
 }
 

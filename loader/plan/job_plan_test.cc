@@ -53,7 +53,7 @@ TEST(JobPlan, MoreRanksThanGpusIsAnErrorNotASilentFallback) {
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   EXPECT_TRUE(j->gpus.empty());
   EXPECT_EQ(j->plan.ranks[0].gpu, -1);
-  EXPECT_TRUE(HasNote(*j, "--ignore-gpus: planning without the 2 visible GPU(s)"));
+  EXPECT_TRUE(HasNote(*j, "`ignore_gpus`: planning without the 2 visible GPU(s)"));
 }
 
 TEST(JobPlan, SharedCoresOnlyWhenAskedAndThenNoted) {
@@ -64,7 +64,7 @@ TEST(JobPlan, SharedCoresOnlyWhenAskedAndThenNoted) {
   rq.allow_shared_cores = true;
   Result<JobPlan> j = MakeJobPlan(rq);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
-  EXPECT_TRUE(HasNote(*j, "--allow-shared-cores: local rank"));
+  EXPECT_TRUE(HasNote(*j, "`allow_shared_cores`: local rank"));
 }
 
 TEST(JobPlan, BadFlagTextNamesTheFlag) {
@@ -72,12 +72,12 @@ TEST(JobPlan, BadFlagTextNamesTheFlag) {
   rq.gpus = "0,99999999999999999999";
   Status s = MakeJobPlan(rq).status();
   EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
-  EXPECT_NE(s.message().find("in --gpus '0,99999999999999999999'"), std::string::npos)
+  EXPECT_NE(s.message().find("in `gpus` '0,99999999999999999999'"), std::string::npos)
       << s.message();
   rq.gpus.clear();
   rq.numa_node = "0,-1";
   s = MakeJobPlan(rq).status();
-  EXPECT_NE(s.message().find("in --numa-node '0,-1'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("in `numa_node` '0,-1'"), std::string::npos) << s.message();
   rq.numa_node.clear();
   rq.cpu_affinity = "0-999999999;1";
   s = MakeJobPlan(rq).status();
@@ -125,7 +125,7 @@ TEST(JobPlan, TooManyTrainerCoresIsNoted) {
   Result<JobPlan> j = MakeJobPlan(rq);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   EXPECT_EQ(j->plan.ranks[0].trainer_cpus.size(), 1u);
-  EXPECT_EQ(CountNotes(*j, "--trainer-cores 65535: local ranks 0-3 have too few cores"), 1);
+  EXPECT_EQ(CountNotes(*j, "`trainer_cores` 65535: local ranks 0-3 have too few cores"), 1);
   EXPECT_TRUE(HasNote(*j,
                       "each trainer got 1 cpu shared with its loader threads (local rank 0: "
                       "trainer_cpus=0 loader_cpus=0-10,44-54)"));
@@ -139,7 +139,7 @@ TEST(JobPlan, TooManyTrainerCoresIsNoted) {
   rq.trainer_cores = 2;
   j = MakeJobPlan(rq);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
-  EXPECT_TRUE(HasNote(*j, "--trainer-cores 2: local rank 0 has too few cores"));
+  EXPECT_TRUE(HasNote(*j, "`trainer_cores` 2: local rank 0 has too few cores"));
 }
 
 TEST(JobPlan, ContradictingFlagsAreRefusedNamingBoth) {
@@ -148,24 +148,24 @@ TEST(JobPlan, ContradictingFlagsAreRefusedNamingBoth) {
   rq.gpus = "0";
   Status s = MakeJobPlan(rq).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("--gpus '0' and --ignore-gpus contradict"), std::string::npos)
+  EXPECT_NE(s.message().find("`gpus` '0' and `ignore_gpus` contradict"), std::string::npos)
       << s.message();
   rq = Incident(1);
   rq.no_bind = true;
   rq.numa_node = "5";
   s = MakeJobPlan(rq).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("--numa-node and --no-bind contradict"), std::string::npos)
+  EXPECT_NE(s.message().find("`numa_node` and `no_bind` contradict"), std::string::npos)
       << s.message();
   rq.numa_node.clear();
   rq.cpu_affinity = "0-3";
   s = MakeJobPlan(rq).status();
-  EXPECT_NE(s.message().find("--cpu-affinity and --no-bind contradict"), std::string::npos)
+  EXPECT_NE(s.message().find("`cpu_affinity` and `no_bind` contradict"), std::string::npos)
       << s.message();
   rq.cpu_affinity.clear();
   rq.trainer_cores = 2;
   s = MakeJobPlan(rq).status();
-  EXPECT_NE(s.message().find("--trainer-cores and --no-bind contradict"), std::string::npos)
+  EXPECT_NE(s.message().find("`trainer_cores` and `no_bind` contradict"), std::string::npos)
       << s.message();
   rq.trainer_cores = 1;
   EXPECT_TRUE(MakeJobPlan(rq).ok());
@@ -182,8 +182,8 @@ TEST(JobPlan, RankListsInMessagesStayShort) {
   rq.allow_shared_cores = true;
   Result<JobPlan> j = MakeJobPlan(rq);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
-  EXPECT_EQ(CountNotes(*j, "--allow-shared-cores"), 1);
-  EXPECT_TRUE(HasNote(*j, "--allow-shared-cores: local ranks 0-1023 share their cores"));
+  EXPECT_EQ(CountNotes(*j, "`allow_shared_cores`"), 1);
+  EXPECT_TRUE(HasNote(*j, "`allow_shared_cores`: local ranks 0-1023 share their cores"));
   EXPECT_LT(j->plan.ranks[0].reason.size(), 400u) << j->plan.ranks[0].reason;
 }
 

@@ -193,8 +193,7 @@ Result<Topology> Topology::Live(const LiveDiscovery& how) {
     if (!xml.ok()) {
       return Status::Unavailable("cannot read this machine's topology: " + first + "; " +
                                  xml.status().message() +
-                                 " (give its map with --topology FILE, written by `lstopo --of "
-                                 "xml FILE`)");
+                                 " (give its map with `topology` FILE, written by `lstopo FILE.xml`)");
     }
     note = first + "; its map was read without PCI devices, so no GPU is placed on its NUMA "
                    "node by its PCI bus";

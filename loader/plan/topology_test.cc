@@ -101,8 +101,7 @@ TEST(Topology, ADiscoveryThatAlwaysAbortsIsAnErrorNamingBothEnds) {
   EXPECT_EQ(s.message(),
             "cannot read this machine's topology: hwloc's discovery of this machine died of "
             "signal 6 (Aborted); hwloc's discovery of this machine without PCI devices died of "
-            "signal 6 (Aborted) (give its map with --topology FILE, written by `lstopo --of xml "
-            "FILE`)");
+            "signal 6 (Aborted) (give its map with `topology` FILE, written by `lstopo FILE.xml`)");
 }
 
 TEST(Topology, ADiscoveryThatStallsIsKilledAtItsDeadline) {

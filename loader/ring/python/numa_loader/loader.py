@@ -21,68 +21,66 @@ import numpy as np
 
 from . import Client, LoaderError, _Closes, _whole
 
-__all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "SERVE_RANGES", "loader_path"]
+__all__ = ["Loader", "LoaderBatch", "SERVE_OPTIONS", "SERVE_RANGES", "SERVE_CHOICES", "loader_path",
+           "serve_options"]
 
-# The options of `loader serve` a Loader passes on: keyword name -> (kind,
-# default). The name is the flag's without "--", "-" as "_"; the default is
-# the flag's (None: the flag is not given, and the loader picks). A test
-# holds this table to `loader serve --help`.
-SERVE_OPTIONS = collections.OrderedDict([
-    ("split", ("str", "train")),
-    ("batch_size", ("int", 64)),
-    ("prefetch", ("int", 4)),
-    ("seed", ("int", 0)),
-    ("no_shuffle", ("flag", False)),
-    ("drop_last", ("flag", False)),
-    ("drop_last_batch", ("flag", False)),
-    ("on_bad_record", ("str", "error")),
-    ("order", ("str", "auto")),
-    ("io_memory", ("size", None)),
-    ("image_size", ("int", 224)),
-    ("resize", ("str", "squash")),
-    ("resize_size", ("int", None)),
-    ("augment", ("flag", False)),
-    ("pad_crop", ("int", None)),
-    ("random_resized_crop", ("flag", False)),
-    ("no_flip", ("flag", False)),
-    ("decode", ("str", "auto")),
-    ("layout", ("str", "nchw")),
-    ("normalize", ("flag", False)),
-    ("mean", ("floats", None)),
-    ("std", ("floats", None)),
-    ("threads", ("int", None)),
-    ("stall_warning", ("float", 60.0)),
-    ("gpus", ("ints", None)),
-    ("numa_node", ("ints", None)),
-    ("cpu_affinity", ("str", None)),
-    ("trainer_cores", ("int", 1)),
-    ("allow_shared_cores", ("flag", False)),
-    ("ignore_gpus", ("flag", False)),
-    ("no_bind", ("flag", False)),
-])
+# The options of `loader serve` a Loader passes on, as the loader binary
+# defines them (`loader serve --options-json`, read once per binary): keyword
+# name -> (kind, default), the range of each numeric option (an item's, for a
+# list) and the choices of each option that takes one of a few words. The
+# name is the flag's without "--", "-" as "_"; a default of None means the
+# flag is not given and the loader picks. SERVE_OPTIONS, SERVE_RANGES and
+# SERVE_CHOICES are those of the binary loader_path() finds.
+_MANAGED = ("data", "job_id", "rank", "world_size", "local_rank", "local_world_size", "epochs",
+            "start_epoch", "start_batch", "attach_timeout", "simulate_delay_ms")  # the Loader's own
+_KINDS = ("flag", "int", "float", "str", "choice", "size", "ints", "floats")
+_TABLES = {}  # the loader's path -> (options, ranges, choices)
 
-# The range `loader serve` takes for each numeric option (an item's, for a
-# list), as its flag's check (--help shows most) or its own check after
-# parsing; a value outside is a ValueError naming this range before a server
-# starts. What ties one option to another (resize_size at least image_size,
-# only with resize="shorter-crop"; three mean and std values) is the server's
-# to refuse, with its words.
-SERVE_RANGES = {
-    "batch_size": (1, 2**20),
-    "prefetch": (1, 1024),
-    "seed": (0, 2**64 - 1),
-    "io_memory": (0, 2**40),
-    "image_size": (1, 8192),
-    "resize_size": (1, 8192),
-    "pad_crop": (0, 1024),
-    "mean": (-1e6, 1e6),
-    "std": (-1e6, 1e6),
-    "threads": (1, 1024),
-    "stall_warning": (0.0, 1e7),
-    "gpus": (0, 1023),
-    "numa_node": (0, 65535),
-    "trainer_cores": (1, 65535),
-}
+
+def serve_options(loader=None):
+    """(options, ranges, choices) of `loader serve` as `loader` (default:
+    loader_path()) defines them: the keywords a Loader takes."""
+    path = loader or loader_path()
+    if path in _TABLES:
+        return _TABLES[path]
+    try:
+        out = subprocess.run([path, "serve", "--options-json"], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LoaderError("cannot ask %s for its options (serve --options-json): %s"
+                          % (path, getattr(e, "strerror", None) or e)) from None
+    try:
+        table = json.loads(out.stdout) if out.returncode == 0 else None
+    except ValueError:
+        table = None
+    if not isinstance(table, list):
+        raise LoaderError("%s serve --options-json did not print its options (exit %d): %s"
+                          % (path, out.returncode, out.stderr.decode(errors="replace").strip()
+                             or out.stdout[:200]))
+    options, ranges, choices = collections.OrderedDict(), {}, {}
+    for o in table:
+        name, kind = o["field"], o["kind"]
+        if kind not in _KINDS:
+            raise LoaderError("%s serve --options-json: --%s is of a kind this package does not "
+                              "know, %r (a newer loader than this package?)" % (path, name, kind))
+        if name in _MANAGED:
+            continue
+        if kind == "choice":
+            choices[name] = tuple(o["choices"])
+            kind = "str"
+        options[name] = (kind, o["default"])
+        if "min" in o:
+            ranges[name] = (o["min"], o["max"])
+    _TABLES[path] = (options, ranges, choices)
+    return _TABLES[path]
+
+
+def __getattr__(name):
+    tables = {"SERVE_OPTIONS": 0, "SERVE_RANGES": 1, "SERVE_CHOICES": 2}
+    if name in tables:
+        return serve_options()[tables[name]]
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
 
 # The server's ranges for the placement (--rank, --world-size, --local-rank,
 # --local-world-size).
@@ -132,11 +130,11 @@ _SIZE_UNITS = {"": 0, "B": 0, "K": 10, "KiB": 10, "M": 20, "MiB": 20, "G": 30, "
                "T": 40, "TiB": 40}  # as the server's ParseByteSize
 
 
-def _flag_value(name, kind, value):
-    """The command-line text of one option's value, checked against its kind and
-    SERVE_RANGES: a TypeError or ValueError naming the keyword for what the flag
-    could not take."""
-    lo, hi = SERVE_RANGES.get(name, (None, None))
+def _flag_value(name, kind, value, ranges, choices):
+    """The command-line text of one option's value, checked against its kind,
+    range and choices: a TypeError or ValueError naming the keyword for what
+    the flag could not take."""
+    lo, hi = ranges.get(name, (None, None))
     if kind == "flag":
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError("%s must be True or False, not %r" % (name, value))
@@ -190,17 +188,21 @@ def _flag_value(name, kind, value):
         raise TypeError("%s must be a string, not %r" % (name, value))
     if "\0" in value:
         raise ValueError("%s holds a NUL character" % name)
+    if name in choices and value not in choices[name]:
+        raise ValueError("%s must be %s, not %r" % (
+            name, " or ".join(", ".join(repr(c) for c in choices[name]).rsplit(", ", 1)), value))
     return value
 
 
-def _serve_args(options):
+def _serve_args(options, table):
     """`loader serve` arguments for the options that differ from the flag's default."""
     args = []
-    for name, (kind, default) in SERVE_OPTIONS.items():
+    serve, ranges, choices = table
+    for name, (kind, default) in serve.items():
         value = options[name]
         if value is None or (kind == "flag" and value is False and default is False):
             continue
-        text = _flag_value(name, kind, value)
+        text = _flag_value(name, kind, value, ranges, choices)
         args.append("--" + name.replace("_", "-"))
         if kind != "flag":
             args.append(text)
@@ -741,19 +743,20 @@ class Loader(_Closes):
         self._client = None
         self._log = None
         self._pid = os.getpid()
-        unknown = sorted(set(options) - set(SERVE_OPTIONS))
+        table = serve_options()
+        unknown = sorted(set(options) - set(table[0]))
         if unknown:
             raise TypeError("Loader got unknown keyword argument%s %s (the loader serve "
                             "options are: %s)" % ("s" if len(unknown) > 1 else "",
-                                                  ", ".join(unknown), ", ".join(SERVE_OPTIONS)))
-        opts = {k: d for k, (_, d) in SERVE_OPTIONS.items()}
+                                                  ", ".join(unknown), ", ".join(table[0])))
+        opts = {k: d for k, (_, d) in table[0].items()}
         opts.update(options, split=split)
         if not isinstance(data, (str, bytes, os.PathLike)):
             raise TypeError("data must be a path, not %r" % (data,))
         self.data = os.path.abspath(os.path.expanduser(os.fsdecode(data)))
         if "\0" in self.data:
             raise ValueError("data %r holds a NUL character" % self.data)
-        args = _serve_args(opts)  # checks every value
+        args = _serve_args(opts, table)  # checks every value
         self.options = opts
         self.rank, self.world_size, self.local_rank, self.local_world_size = _placement(
             rank, world_size, local_rank, local_world_size)

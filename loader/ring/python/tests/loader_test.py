@@ -108,7 +108,40 @@ class OptionsTest(unittest.TestCase):
                      "mean", "std", "resize", "pad-crop", "no-flip", "layout"):
             self.assertIn(flag.replace("-", "_"), numa_loader.loader.SERVE_OPTIONS)
 
+    def test_the_keywords_defaults_and_ranges_come_from_the_binary(self):
+        table = json.loads(subprocess.run([LOADER, "serve", "--options-json"], capture_output=True,
+                                          check=True).stdout)
+        options, ranges, choices = numa_loader.loader.serve_options(LOADER)
+        managed = set(numa_loader.loader._MANAGED)
+        self.assertEqual(list(options), [o["field"] for o in table if o["field"] not in managed])
+        for o in table:
+            if o["field"] in managed:
+                continue
+            self.assertEqual(options[o["field"]][1], o["default"], o["field"])
+        self.assertEqual(choices["order"], ("random", "blocks", "auto"))
+        # A loader whose table differs: the package follows it (no copy of its own).
+        fake = os.path.join(WORK, "fake-loader")
+        for o in table:
+            if o["field"] == "batch_size":
+                o["default"], o["max"] = 7, 9
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\ncat <<'EOF'\n%s\nEOF\n" % json.dumps(table))
+        os.chmod(fake, 0o755)
+        options, ranges, _ = numa_loader.loader.serve_options(fake)
+        self.assertEqual(options["batch_size"], ("int", 7))
+        self.assertEqual(ranges["batch_size"], (1, 9))
+        # One that cannot say: LoaderError naming it.
+        broken = os.path.join(WORK, "broken-loader")
+        with open(broken, "w") as f:
+            f.write("#!/bin/sh\necho 'unknown option' >&2\nexit 109\n")
+        os.chmod(broken, 0o755)
+        with self.assertRaisesRegex(LoaderError, "broken-loader serve --options-json did not print "
+                                                 "its options \\(exit 109\\): unknown option"):
+            numa_loader.loader.serve_options(broken)
+
     def test_bad_arguments_are_refused_before_a_server_starts(self):
+        with self.assertRaisesRegex(ValueError, "order must be 'random', 'blocks' or 'auto', not 'sequential'"):
+            Loader(DATA, order="sequential")
         with self.assertRaisesRegex(TypeError, "unknown keyword argument batchsize"):
             Loader(DATA, batchsize=3)
         with self.assertRaisesRegex(TypeError, "augment must be True or False"):
