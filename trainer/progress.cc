@@ -74,4 +74,9 @@ void Progress::Finish(double loss) {
   std::fflush(out_);
 }
 
+void Say(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace nl::trainer

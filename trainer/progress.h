@@ -30,4 +30,8 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
+// Rank 0's report lines (the plan, the tables, each epoch's line): stdout,
+// flushed line by line (the progress line is stderr's).
+void Say(const std::string& line);
+
 }  // namespace nl::trainer
