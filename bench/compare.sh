@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 work=${1:-build/compare}
 n=10000
 [ "${2:-}" = "--images" ] && n=$3
-B=build/bin
+B=${NL_BIN:-build/bin}  # NL_BIN: another build's binaries (bench/before_after.sh)
 PY=/usr/bin/python3
 for t in pack_tool loader_bench; do
   [ -x "$B/$t" ] || { echo "build first: $B/$t is missing" >&2; exit 1; }

@@ -36,7 +36,7 @@ for v in "images=$images" "runs=$runs" "measure=$measure"; do
   [[ ${v#*=} =~ ^[1-9][0-9]{0,8}$ ]] || { echo "jpeg_compare.sh: --${v%%=*} must be a whole number from 1, not '${v#*=}'" >&2; exit 2; }
 done
 PY=/usr/bin/python3
-B=build/bin
+B=${NL_BIN:-build/bin}  # NL_BIN: another build's binaries (bench/before_after.sh)
 for t in pack_tool loader_bench; do
   [ -x "$B/$t" ] || { echo "jpeg_compare.sh: $B/$t is missing: build first (scripts/test.sh)" >&2; exit 2; }
 done
@@ -150,7 +150,7 @@ print("packed with --jpeg-restarts: train fast %.2fx the decode alone, %.2fx tor
 PYEOF
 # How far fast is from exact: the train transform's first 200 samples of
 # epoch 0, `loader preview` both ways.
-L=build/bin/loader
+L=$B/loader
 if [ -x "$L" ]; then
   rm -rf "$work/preview-fast" "$work/preview-exact"
   idx=$(seq -s, 0 199)
