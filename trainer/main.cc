@@ -23,6 +23,7 @@
 #include "base/parse_number.h"
 #include "formats/manifest.h"
 #include "loader/cli/cli_options.h"
+#include "loader/cli/option_table.h"
 #include "loader/plan/job_plan.h"
 #include "trainer/launcher.h"
 #include "trainer/options.h"
@@ -42,10 +43,8 @@ struct SharedOptions {
 };
 
 void AddLaunchOptions(CLI::App& app, Options& o) {
-  app.add_option("--data", o.data, "Shard set directory (pack_tool output)")->required();
-  app.add_option("--nproc-per-node", o.nproc_per_node, "Ranks on this node")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
+  nl::Add(&app, nl::opt::kData, &o.data);
+  nl::Add(&app, nl::opt::kNprocPerNode, &o.nproc_per_node)->description("Ranks on this node");
   app.add_option("--nnodes", o.nnodes, "Nodes in the job")->check(CLI::Range(1, 65536))->capture_default_str();
   app.add_option("--node-rank", o.node_rank, "This node's index, 0..nnodes-1")
       ->check(CLI::Range(0, 65535))
@@ -61,12 +60,10 @@ void AddLoaderOptions(CLI::App& app, Options& o, SharedOptions& shared) {
   app.add_option("--loader", o.loader, "service (a `loader serve` per rank) or inprocess")
       ->check(CLI::IsMember({"service", "inprocess"}))
       ->capture_default_str();
-  app.add_option("--loader-bin", o.loader_bin, "The `loader` executable (default: beside trainer)");
+  nl::Add(&app, nl::opt::kLoaderBin, &o.loader_bin);
   app.add_option("--loader-threads", o.loader_threads, "Loader threads per rank (default: the plan's loader cores)")
       ->check(CLI::Range(1u, 1024u));
-  app.add_option("--prefetch", o.prefetch, "Ring slots (batches in flight) per rank")
-      ->check(CLI::Range(1u, 1024u))
-      ->capture_default_str();
+  nl::Add(&app, nl::opt::kPrefetch, &o.prefetch);
   app.add_option("--resize-on", o.resize_on,
                  "loader (the loader resizes to --image-size) or device (the ring carries the source "
                  "size; the rank resizes bilinearly after the copy)")
@@ -95,10 +92,8 @@ void AddTrainingOptions(CLI::App& app, Options& o) {
   app.add_option("--device", o.device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--epochs", o.epochs, "Epochs")->check(CLI::Range(1, 1000000))->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "Samples per step per rank")
-      ->check(CLI::Range(1u, 65536u))
-      ->capture_default_str();
+  nl::Add(&app, nl::opt::kEpochs, &o.epochs)->check(CLI::Range(1, 1000000));
+  nl::Add(&app, nl::opt::kBatchSize, &o.batch_size)->check(CLI::Range(1u, 65536u));
   app.add_option("--lr", o.lr, "Peak learning rate")->check(CLI::Range(0.0, 100.0))->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "SGD weight decay")
@@ -112,17 +107,9 @@ void AddTrainingOptions(CLI::App& app, Options& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--max-steps", o.max_steps, "Stop after this many steps (0: whole epochs)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--seed", o.seed, "Seed of the sample order, augmentation and initial weights")
-      ->check(CLI::Validator(  // CLI11 would wrap -1 to 2^64 - 1
-          [](std::string& v) {
-            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
-                       ? std::string()
-                       : "Value " + v + " is not a whole number of 0 or more";
-          },
-          "UINT", "digits"))
-      ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}))  // a checkpoint stores it as int64
-      ->capture_default_str();
-  app.add_option("--out", o.out, "Directory for checkpoints and charts");
+  nl::Add(&app, nl::opt::kSeed, &o.seed)
+      ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}));  // a checkpoint stores it as int64
+  nl::Add(&app, nl::opt::kOut, &o.out);
   app.add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N steps (with --out)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--resume", o.resume, "Continue from this checkpoint at its (epoch, batch)")
@@ -155,9 +142,7 @@ void AddDiagnosticOptions(CLI::App& app, Options& o) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--check-sync", o.check_sync, "Check after every step that all ranks hold the same parameters");
   app.add_option("--params-out", o.params_out, "Rank 0 writes its final parameters here (float32, flat)");
-  app.add_option("--timeout", o.timeout_s, "Seconds a rank waits for a batch or a collective")
-      ->check(CLI::Range(1.0, 86400.0))
-      ->capture_default_str();
+  nl::Add(&app, nl::opt::kTimeout, &o.timeout_s)->check(CLI::Range(1.0, 86400.0));
 }
 
 void AddOptions(CLI::App& app, Options& o, SharedOptions& shared) {
@@ -278,7 +263,7 @@ std::string PlaceRank(const Options& o, Placement& p) {
 }
 
 int Fail(const std::string& m) {
-  std::fprintf(stderr, "trainer: error: %s\n", m.c_str());
+  std::fprintf(stderr, "trainer: error: %s\n", nl::FlagText(m).c_str());
   return 2;
 }
 

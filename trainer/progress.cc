@@ -1,4 +1,5 @@
 #include "trainer/progress.h"
+#include "loader/cli/option_table.h"
 
 #include <cmath>
 #include <utility>
@@ -75,7 +76,7 @@ void Progress::Finish(double loss) {
 }
 
 void Say(const std::string& line) {
-  std::printf("%s\n", line.c_str());
+  std::printf("%s\n", FlagText(line).c_str());
   std::fflush(stdout);
 }
 

@@ -19,6 +19,7 @@
 
 #include "base/child_process.h"
 #include "base/clock.h"
+#include "loader/cli/option_table.h"
 #include "trainer/batch_source.h"
 #include "trainer/checkpoint.h"
 #include "trainer/comm.h"
@@ -446,6 +447,8 @@ int RunRank(const Options& options, const Placement& placement) {
     message = FailureText(e);
     kind = ClassifyCommFailure(e) == CommFailure::kOther ? proc::FailureKind::kOwn : proc::FailureKind::kEcho;
   }
+  // The libraries name options by their fields (`batch_size`): flags here.
+  message = FlagText(message);
   std::fprintf(stderr, "trainer rank %d: error: %s\n", placement.rank, message.c_str());
   proc::WriteFailureReport(placement.failure_fd, kind, message);
   return 1;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "base/file_util.h"
+#include "loader/cli/option_table.h"
 #include "loader/plan/affinity.h"
 #include "loader/plan/cpu_list.h"
 #include "trainer/binding_json.h"
@@ -51,7 +52,7 @@ class RankStartup {
   void SayPlan() const;
 
   void Log(const std::string& s) const {
-    std::fprintf(stderr, "[rank %d] %s\n", p_.rank, s.c_str());
+    std::fprintf(stderr, "[rank %d] %s\n", p_.rank, FlagText(s).c_str());
     std::fflush(stderr);
   }
 
