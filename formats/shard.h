@@ -67,7 +67,7 @@ class ShardWriter {
 // reader is open, a SIGBUS inside its map (the file truncated under it) writes
 // a line naming the shard to stderr before the process dies as it would have.
 class ShardReader {
-  class TreeCheck;  // formats/shard.cc
+  class TreeCheck;  // formats/shard_tree_check.h (private)
 
  public:
   static Result<std::unique_ptr<ShardReader>> Open(const std::string& root, const ShardInfo& info);
@@ -142,7 +142,7 @@ class ShardReader {
   // the pages on their way, each once per reader.
   Status CheckWholeTree() const;
 
-  // Records located once (see TreeCheck in shard.cc) take 16 bytes each, for
+  // Records located once (see shard_tree_check.cc) take 16 bytes each, for
   // all the shards this process has open within one budget: an eighth of the
   // memory it may use (cgroup limit included; 256 MiB where unknown), set at
   // first use or by SetLocatedBudget (tests). A shard that does not fit in

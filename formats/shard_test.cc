@@ -246,8 +246,8 @@ TEST(Shard, ManifestCountMustMatchTheShard) {
             "split 'train': num_samples is 9223372036854775808 but its shards hold 7 records");
 }
 
-// Byte-level edits of a written data.mdb (LMDB 0.9's layout: see TreeCheck
-// in shard.cc), as a damaged disk or a hostile file would make them.
+// Byte-level edits of a written data.mdb (LMDB 0.9's layout: see
+// shard_tree_check.cc), as a damaged disk or a hostile file would make them.
 class RawShard {
  public:
   explicit RawShard(std::string path) : path_(std::move(path)) { bytes_ = *ReadFileBytes(path_); }
