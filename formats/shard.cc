@@ -7,10 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
-#include "base/fd.h"
 #include "base/file_util.h"
 #include "formats/crc32c.h"
 #include "formats/shard_map_registry.h"
@@ -184,49 +182,22 @@ ShardReader::~ShardReader() {
 
 namespace {
 
-// No path of the manifest leaves the shard set: its text was checked when
-// the manifest was read; here, where it leads through symbolic links.
-Status CheckWithinShardSet(const std::string& root, const std::string& data,
-                           const std::string& what) {
-  char* real_root = ::realpath(root.c_str(), nullptr);
-  const int root_err = errno;
-  char* real_data = ::realpath(data.c_str(), nullptr);
-  const int data_err = errno;
-  const std::string rr = real_root ? real_root : "", rd = real_data ? real_data : "";
-  std::free(real_root);
-  std::free(real_data);
-  if (rr.empty()) return Status::FromErrno(what + ": cannot resolve " + root, root_err);
-  if (rd.empty()) return Status::FromErrno(what + ": cannot resolve its path", data_err);
-  if (!PathIsWithin(rd, rr)) {
-    return Status::Corruption(what + ": it leads to " + rd + ", outside the shard set " + rr +
-                              " (through a symbolic link); a shard set's files stay in its "
-                              "directory");
-  }
-  return Status::Ok();
-}
-
-// data.mdb's size, once it is known to be a regular file inside the shard
-// set and at least as long as the manifest says. Pages past the end of the
-// file would be mapped but not backed (touching them raises SIGBUS), so
-// this comes before LMDB reads any page.
-Result<uint64_t> CheckDataFile(const std::string& root, const std::string& data,
-                               const ShardInfo& info, const std::string& what) {
-  struct stat fst {};
-  if (::stat(data.c_str(), &fst) != 0) return Status::FromErrno(what, errno);
-  if (!S_ISREG(fst.st_mode)) {
-    return Status::Corruption(what + ": data.mdb is not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(fst.st_size);
-  NL_RETURN_IF_ERROR(CheckWithinShardSet(root, data, what));
-  if (size == 0) {
+// data.mdb's size, once it is known to be at least as long as the manifest
+// says. Pages past the end of the file would be mapped but not backed
+// (touching them raises SIGBUS), so this comes before LMDB reads any page.
+Result<uint64_t> CheckDataSize(const ShardFile& file, const ShardInfo& info,
+                               const std::string& what) {
+  Result<uint64_t> size = file.Size();
+  if (!size.ok()) return size.status().WithContext(what + ": reading its size");
+  if (*size == 0) {
     return Status::Corruption(what + ": data.mdb is empty (0 bytes): the shard is truncated");
   }
-  if (size < info.bytes) {
-    return Status::Corruption(what + ": data.mdb is " + std::to_string(size) +
+  if (*size < info.bytes) {
+    return Status::Corruption(what + ": data.mdb is " + std::to_string(*size) +
                               " bytes but the manifest says " + std::to_string(info.bytes) +
                               ": the shard is truncated");
   }
-  return size;
+  return *size;
 }
 
 // Opens the environment read-only, mapping just the file (LMDB rounds up to
@@ -308,27 +279,24 @@ bool FirstKeyInMap(MDB_txn* t, MDB_dbi dbi, const uint8_t* map, uint64_t size) {
 }  // namespace
 
 Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
-                                                       const ShardInfo& info) {
-  const std::string dir = root + "/" + info.path;
-  const std::string data = dir + "/data.mdb";
+                                                       const ShardInfo& info,
+                                                       const ShardFiles& files) {
+  NL_ASSIGN_OR_RETURN(std::unique_ptr<ShardFile> file, files.Open(root, info));
+  const std::string data = file->dir() + "/data.mdb";
   const std::string what = "cannot open shard " + info.path + " (" + data + ")";
-  NL_ASSIGN_OR_RETURN(const uint64_t size, CheckDataFile(root, data, info, what));
+  NL_ASSIGN_OR_RETURN(const uint64_t size, CheckDataSize(*file, info, what));
   // The meta pages before LMDB reads them (the file LMDB maps is checked
-  // through this descriptor's inode, which the tree check keeps reading).
-  Fd fd(::open(data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) return Status::FromErrno(what, errno);
-  Result<std::unique_ptr<TreeCheck>> opened = TreeCheck::Open(std::move(fd), size);
-  if (!opened.ok()) return Status::Corruption(what + ": " + opened.status().message());
+  // through the seam's descriptor's inode; the tree check reads through it).
+  Result<std::unique_ptr<TreeCheck>> opened = TreeCheck::Open(file.get(), size);
+  if (!opened.ok()) return opened.status().WithContext(what);
   std::unique_ptr<TreeCheck> check = std::move(*opened);
   std::unique_ptr<ShardReader> r(new ShardReader());
   r->info_ = info;
-  NL_ASSIGN_OR_RETURN(r->env_, OpenReadOnlyEnv(dir, size, check->fd(), what));
+  NL_ASSIGN_OR_RETURN(r->env_, OpenReadOnlyEnv(file->dir(), size, file->fd(), what));
   MDB_env* env = r->env_.get();
   NL_RETURN_IF_ERROR(CheckLastPage(env, size, what));
   // The first record's path: FirstKeyInMap's cursor reads it.
-  if (Status first = check->CheckFirstPath(); !first.ok()) {
-    return Status::Corruption(what + ": " + first.message());
-  }
+  if (Status first = check->CheckFirstPath(); !first.ok()) return first.WithContext(what);
   r->map_slot_ = shard_internal::RegisterMap(data, info.path + " (" + data + ")");
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env, nullptr, MDB_RDONLY, &t), what));
@@ -348,12 +316,23 @@ Result<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& root,
   }
   check->SetMap(r->map_);
   r->check_ = std::move(check);
+  r->file_ = std::move(file);
   return r;
 }
 
 Status ShardReader::CheckWholeTree() const { return check_->Whole(); }
 
 Result<ShardReader::ReadTxn> ShardReader::BeginRead() const {
+  // LMDB reads its meta pages through its map as a transaction begins, and
+  // so do reads through the map: on a file cut short since it was opened,
+  // each would be a SIGBUS.
+  Result<uint64_t> now = file_->Size();
+  if (!now.ok()) return now.status().WithContext("reading data.mdb's size");
+  if (*now < file_bytes_) {
+    return Status::Corruption("data.mdb is now " + std::to_string(*now) + " bytes, " +
+                              std::to_string(file_bytes_) +
+                              " when the shard was opened: it was truncated while open");
+  }
   MDB_txn* t = nullptr;
   NL_RETURN_IF_ERROR(LmdbStatus(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &t)));
   return ReadTxn(LmdbTxn(t), dbi_, map_, file_bytes_, check_.get());
@@ -407,22 +386,21 @@ Result<std::span<const uint8_t>> ShardReader::ReadTxn::Copy(uint64_t index,
   NL_RETURN_IF_ERROR(check_->Path(key, sizeof key, &where));
   if (!where.found) return Status::Corruption("record missing");
   if (out->size() < where.size) out->resize(where.size);
+  const ShardFile& file = check_->file();
   size_t got = 0;
   while (got < where.size) {
-    const ssize_t r = ::pread(check_->fd(), out->data() + got, where.size - got,
-                              static_cast<off_t>(where.offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      return Status::FromErrno("reading data.mdb at byte " + std::to_string(where.offset + got),
-                               errno);
+    Result<size_t> r = file.ReadSome(where.offset + got, out->data() + got, where.size - got);
+    if (!r.ok()) {
+      return r.status().WithContext("reading data.mdb at byte " +
+                                    std::to_string(where.offset + got));
     }
-    if (r == 0) {
+    if (*r == 0) {
       return Status::Corruption("data.mdb ends at byte " + std::to_string(where.offset + got) +
                                 ", inside this record (bytes " + std::to_string(where.offset) +
                                 ".." + std::to_string(where.offset + where.size) +
                                 "): the shard is truncated");
     }
-    got += static_cast<size_t>(r);
+    got += *r;
   }
   return std::span<const uint8_t>(out->data(), where.size);
 }
@@ -433,7 +411,7 @@ Result<ShardReader::ReadTxn::Extent> ShardReader::ReadTxn::Locate(uint64_t index
   TreeCheck::Value where;
   NL_RETURN_IF_ERROR(check_->Path(key, sizeof key, &where));
   if (!where.found) return Status::Corruption("record missing");
-  return Extent{check_->fd(), where.offset, where.size};
+  return Extent{check_->file().fd(), where.offset, where.size, &check_->file()};
 }
 
 Status ShardReader::ReadTxn::ForEach(const std::function<Status(const Entry&)>& fn) const {
@@ -458,7 +436,8 @@ Status ShardReader::ReadTxn::ForEach(const std::function<Status(const Entry&)>& 
 }
 
 Result<std::unique_ptr<SplitReader>> SplitReader::Open(const std::string& root, const Manifest& m,
-                                                       const std::string& split) {
+                                                       const std::string& split,
+                                                       const ShardFiles& files) {
   const SplitInfo* s = m.FindSplit(split);
   if (!s) {
     std::string have;
@@ -475,7 +454,7 @@ Result<std::unique_ptr<SplitReader>> SplitReader::Open(const std::string& root, 
   // what the shards hold before anything trusts them.
   uint64_t sum = 0;
   for (const ShardInfo& info : s->shards) {
-    NL_ASSIGN_OR_RETURN(auto shard, ShardReader::Open(root, info));
+    NL_ASSIGN_OR_RETURN(auto shard, ShardReader::Open(root, info, files));
     if (shard->entries() != info.count) {
       return Status::Corruption("split '" + split + "', shard " + info.path +
                                 ": the manifest says " + std::to_string(info.count) +

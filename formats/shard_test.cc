@@ -704,6 +704,24 @@ TEST(Shard, WrittenFilesAreTheUsersOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+// Cut before a transaction begins: an error (BeginRead compares the size
+// with the one at open), not the SIGBUS of LMDB's first read of its map.
+TEST(Shard, TruncatedBeforeATransactionBeginsIsCorruptionNotASignal) {
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {600});
+  const std::string data = dir.path() + "/train/shard-0/data.mdb";
+  const uint64_t full = *FileSize(data);
+  auto reader = SplitReader::Open(dir.path(), m, "train");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Truncate(data, 8192);
+  auto txn = (*reader)->BeginRead();
+  Status s = txn.Read(599).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_EQ(s.message(), "split 'train', shard train/shard-0, index 599: data.mdb is now 8192 "
+                         "bytes, " + std::to_string(full) +
+                             " when the shard was opened: it was truncated while open");
+}
+
 TEST(ShardDeathTest, TruncatedUnderAReaderNamesTheShard) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   testing::ScratchDir dir;
@@ -713,8 +731,9 @@ TEST(ShardDeathTest, TruncatedUnderAReaderNamesTheShard) {
       {
         auto reader = SplitReader::Open(dir.path(), m, "train");
         if (!reader.ok()) std::_Exit(3);
-        Truncate(data, 8192);
         auto txn = (*reader)->BeginRead();
+        if (!txn.Read(0).ok()) std::_Exit(5);  // the transaction begun before the cut
+        Truncate(data, 8192);
         for (uint64_t i = 0; i < 600; ++i) (void)txn.Read(i);
         std::_Exit(4);
       },

@@ -1,10 +1,8 @@
 #include "formats/shard_tree_check.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "base/memory.h"
@@ -103,9 +101,9 @@ void ShardReader::SetLocatedBudget(uint64_t bytes) {
   g_located_budget.store(std::max<uint64_t>(bytes, 1), std::memory_order_relaxed);
 }
 
-Result<std::unique_ptr<ShardReader::TreeCheck>> ShardReader::TreeCheck::Open(Fd fd,
+Result<std::unique_ptr<ShardReader::TreeCheck>> ShardReader::TreeCheck::Open(const ShardFile* file,
                                                                              uint64_t file_bytes) {
-  std::unique_ptr<TreeCheck> check(new TreeCheck(std::move(fd), file_bytes));
+  std::unique_ptr<TreeCheck> check(new TreeCheck(file, file_bytes));
   NL_RETURN_IF_ERROR(check->Meta());
   return check;
 }
@@ -362,13 +360,12 @@ Status ShardReader::TreeCheck::ReadAt(uint64_t off, uint8_t* out, size_t n,
                                       const std::string& what) const {
   size_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(fd_.get(), out + got, n - got, static_cast<off_t>(off + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      return Status::FromErrno("reading " + what + " at byte " + std::to_string(off), errno);
-    if (r == 0)
+    Result<size_t> r = file_->ReadSome(off + got, out + got, n - got);
+    if (!r.ok())
+      return r.status().WithContext("reading " + what + " at byte " + std::to_string(off));
+    if (*r == 0)
       return Bad(what + " at byte " + std::to_string(off) + " lies past the end of the file");
-    got += static_cast<size_t>(r);
+    got += *r;
   }
   return Status::Ok();
 }

@@ -26,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "base/fd.h"
 #include "base/status.h"
 #include "formats/shard.h"
 
@@ -34,19 +33,19 @@ namespace nl {
 
 class ShardReader::TreeCheck {
  public:
-  // Reads and checks the meta pages of the file open as `fd`, `file_bytes`
-  // long, before LMDB reads them: LMDB takes the page size from the first
+  // Reads and checks the meta pages of `file` (the reader's, which outlives
+  // the check), `file_bytes` long, before LMDB reads them: LMDB takes the page size from the first
   // one unchecked (0 divides by zero; a small one reads past its buffers; a
   // huge one reads the second meta page past the file's end). Picks the
   // meta page LMDB will use, as LMDB does: the second when its transaction
   // id is higher, else the first.
-  static Result<std::unique_ptr<TreeCheck>> Open(Fd fd, uint64_t file_bytes);
+  static Result<std::unique_ptr<TreeCheck>> Open(const ShardFile* file, uint64_t file_bytes);
   ~TreeCheck();
   TreeCheck(const TreeCheck&) = delete;
   TreeCheck& operator=(const TreeCheck&) = delete;
 
-  // The descriptor the pages are read through (the reader's data.mdb).
-  int fd() const { return fd_.get(); }
+  // The file the pages are read through (the reader's data.mdb).
+  const ShardFile& file() const { return *file_; }
 
   // Once the file is known to hold LMDB's pages: the tree's shape as the
   // meta page gives it, and the first record's path (the pages a cursor's
@@ -94,7 +93,7 @@ class ShardReader::TreeCheck {
   };
   static constexpr uint64_t kNoPage = ~uint64_t{0};
 
-  TreeCheck(Fd fd, uint64_t file_bytes) : fd_(std::move(fd)), file_bytes_(file_bytes) {}
+  TreeCheck(const ShardFile* file, uint64_t file_bytes) : file_(file), file_bytes_(file_bytes) {}
   Status Meta();
   Status Shape();
   Value FindInLeaf(const uint8_t* page, uint64_t pgno, const unsigned char* key,
@@ -118,7 +117,7 @@ class ShardReader::TreeCheck {
   Status Walk(uint64_t pgno, uint16_t depth, std::vector<bool>& visited,
               std::vector<std::vector<uint8_t>>& buffers, uint64_t* found);
 
-  Fd fd_;
+  const ShardFile* file_;
   uint64_t file_bytes_;
   uint32_t psize_ = 0;
   uint64_t pages_ = 0;
