@@ -15,6 +15,7 @@
 
 #include "base/file_util.h"
 #include "formats/lmdb_env.h"
+#include "tests/support/fault_shard_files.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -189,41 +190,55 @@ void Truncate(const std::string& path, uint64_t size) {
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0) << path;
 }
 
+// The file cut on disk, or only as the shard-file seam reports it (its size,
+// and reads that end there): the reader's checks see the same.
+enum class CutBy { kFile, kSeam };
+std::string Name(CutBy by) { return by == CutBy::kFile ? "the file" : "the seam"; }
+
 TEST(Shard, TruncatedDataFileIsCorruptionNamingTheShard) {
   testing::ScratchDir dir;
   const Manifest written = WriteShards(dir.path(), {600});
   const std::string data = dir.path() + "/train/shard-0/data.mdb";
   const uint64_t full = *FileSize(data);
   ASSERT_GT(full, 12288u + 4096u);
-  for (bool manifest_follows : {false, true}) {
-    for (uint64_t cut : {uint64_t{8191}, uint64_t{8192}, uint64_t{12288}, full - 4096}) {
-      SCOPED_TRACE("cut at " + std::to_string(cut) +
-                   (manifest_follows ? ", manifest updated" : ""));
-      testing::ScratchDir copy;
-      Manifest m = WriteShards(copy.path(), {600});
-      Truncate(copy.path() + "/train/shard-0/data.mdb", cut);
-      // With the manifest's bytes updated too, LMDB's own last page still tells.
-      if (manifest_follows) m.splits["train"].shards[0].bytes = cut;
-      Status s = SplitReader::Open(copy.path(), m, "train").status();
-      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-      EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
-      EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.ToString();
-      Result<std::unique_ptr<ShardReader>> r =
-          ShardReader::Open(copy.path(), m.splits["train"].shards[0]);
-      EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  for (CutBy by : {CutBy::kFile, CutBy::kSeam}) {
+    for (bool manifest_follows : {false, true}) {
+      for (uint64_t cut : {uint64_t{8191}, uint64_t{8192}, uint64_t{12288}, full - 4096}) {
+        SCOPED_TRACE("cut at " + std::to_string(cut) + " by " + Name(by) +
+                     (manifest_follows ? ", manifest updated" : ""));
+        testing::ScratchDir copy;
+        Manifest m = WriteShards(copy.path(), {600});
+        testing::FaultShardFiles seam;
+        if (by == CutBy::kFile) Truncate(copy.path() + "/train/shard-0/data.mdb", cut);
+        if (by == CutBy::kSeam) seam.Set({.shrink_to = cut});
+        // With the manifest's bytes updated too, LMDB's own last page still tells.
+        if (manifest_follows) m.splits["train"].shards[0].bytes = cut;
+        Status s = SplitReader::Open(copy.path(), m, "train", seam).status();
+        EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+        EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
+        EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.ToString();
+        Result<std::unique_ptr<ShardReader>> r =
+            ShardReader::Open(copy.path(), m.splits["train"].shards[0], seam);
+        EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+      }
     }
   }
 }
 
 TEST(Shard, EmptyDataFileSaysEmpty) {
-  testing::ScratchDir dir;
-  Manifest m = WriteShards(dir.path(), {3});
-  Truncate(dir.path() + "/train/shard-0/data.mdb", 0);
-  Status s = SplitReader::Open(dir.path(), m, "train").status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("empty (0 bytes)"), std::string::npos) << s.ToString();
-  EXPECT_EQ(s.message().find("Bad file descriptor"), std::string::npos) << s.ToString();
+  for (CutBy by : {CutBy::kFile, CutBy::kSeam}) {
+    SCOPED_TRACE("cut by " + Name(by));
+    testing::ScratchDir dir;
+    Manifest m = WriteShards(dir.path(), {3});
+    testing::FaultShardFiles seam;
+    if (by == CutBy::kFile) Truncate(dir.path() + "/train/shard-0/data.mdb", 0);
+    if (by == CutBy::kSeam) seam.Set({.shrink_to = 0});
+    Status s = SplitReader::Open(dir.path(), m, "train", seam).status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("empty (0 bytes)"), std::string::npos) << s.ToString();
+    EXPECT_EQ(s.message().find("Bad file descriptor"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(Shard, ManifestCountMustMatchTheShard) {

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "formats/pack/pack.h"
+#include "tests/support/fault_shard_files.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -85,16 +86,21 @@ TEST(WindowStager, EveryWindowsRecordsAreTheirBytes) {
   }
 }
 
-// A shard cut short after the reader opened it: the records past the cut
-// are not staged (the worker's own read then reports the truncation), the
-// ones before it are. The stager's transaction is begun before the cut (its
-// window 0), as a transaction begun after it is refused.
+// A shard cut short after the reader opened it, on disk or as its shard
+// file's seam reports it (tests/support/fault_shard_files.h): the records
+// past the cut are not staged (the worker's own read then reports the
+// truncation), the ones before it are. The stager's transaction is begun
+// before the cut (its window 0), as a transaction begun after it is refused.
 TEST(WindowStager, RecordsPastAShardsEndAreLeftToTheWorker) {
-  {
+  for (bool by_seam : {false, true}) {
+    SCOPED_TRACE(by_seam ? "cut by the seam" : "cut on disk");
     testing::ScratchDir d;
     const std::string dir = PackCifar(d, 200);
     const Manifest manifest = *LoadManifest(dir);
-    auto opened = SplitReader::Open(dir, manifest, "train");
+    testing::FaultShardFiles seam;  // no faults until the cut; refuses O_DIRECT
+    auto opened = SplitReader::Open(dir, manifest, "train",
+                                    by_seam ? static_cast<const ShardFiles&>(seam)
+                                            : ShardFiles::Local());
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
     const SplitReader& reader = **opened;
     auto txn = reader.BeginRead();
@@ -125,7 +131,11 @@ TEST(WindowStager, RecordsPastAShardsEndAreLeftToTheWorker) {
     });
     EXPECT_EQ(st.Find(0, 0).size(), where[0].size);
     const std::string mdb = dir + "/" + manifest.FindSplit("train")->shards[0].path + "/data.mdb";
-    ASSERT_EQ(::truncate(mdb.c_str(), static_cast<off_t>(cut)), 0);
+    if (by_seam) {
+      seam.Set({.shrink_to = cut});
+    } else {
+      ASSERT_EQ(::truncate(mdb.c_str(), static_cast<off_t>(cut)), 0);
+    }
     cut_done.set_value();
     st.Done(0);
     uint64_t staged = 0, missing = 0;
