@@ -23,6 +23,7 @@
 #include "formats/lmdb_env.h"
 #include "formats/manifest.h"
 #include "formats/record.h"
+#include "formats/shard_files.h"
 
 namespace nl {
 
@@ -61,16 +62,21 @@ class ShardWriter {
 
 // One shard, opened read-only (MDB_RDONLY | MDB_NOLOCK: shards are immutable).
 //
+// Its data.mdb comes through a ShardFiles (shard_files.h; the shard set's own
+// files by default): the reader's own size checks and reads go through it;
+// LMDB opens the directory it names by path and maps the file itself.
+//
 // Open checks data.mdb's size before LMDB touches a data page: an empty file,
 // one shorter than the manifest's `bytes`, or one ending before LMDB's last
 // page is Corruption naming the shard (reading it would raise SIGBUS). While a
 // reader is open, a SIGBUS inside its map (the file truncated under it) writes
 // a line naming the shard to stderr before the process dies as it would have.
 class ShardReader {
-  class TreeCheck;  // formats/shard.cc
+  class TreeCheck;  // formats/shard_tree_check.h (private)
 
  public:
-  static Result<std::unique_ptr<ShardReader>> Open(const std::string& root, const ShardInfo& info);
+  static Result<std::unique_ptr<ShardReader>> Open(const std::string& root, const ShardInfo& info,
+                                                   const ShardFiles& files = ShardFiles::Local());
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
@@ -107,11 +113,14 @@ class ShardReader {
     // A file cut short under the reader: Corruption where the record's bytes
     // are cut, the SIGBUS handler's message where a tree page is.
     Result<std::span<const uint8_t>> Copy(uint64_t index, std::vector<uint8_t>* out) const;
-    // Where that record lies: data.mdb's descriptor (the reader's), byte offset, size.
+    // Where that record lies: data.mdb's descriptor (the reader's), byte
+    // offset, size, and the file it was opened as (the reader's, valid while
+    // the reader lives), to read it through.
     struct Extent {
       int fd = -1;
       uint64_t offset = 0;
       uint64_t size = 0;
+      const ShardFile* file = nullptr;
     };
     Result<Extent> Locate(uint64_t index) const;
     // A hint to the CPU: start loading where record `index` was located (no
@@ -135,6 +144,9 @@ class ShardReader {
     uint64_t file_bytes_ = 0;
     TreeCheck* check_ = nullptr;
   };
+  // A file now shorter than when it was opened is Corruption (reading it
+  // through the map would raise SIGBUS); one cut short under a transaction
+  // is not seen here (see the class comment).
   Result<ReadTxn> BeginRead() const;
 
   // The whole tree checked (every page; as many records as the meta page
@@ -142,7 +154,7 @@ class ShardReader {
   // the pages on their way, each once per reader.
   Status CheckWholeTree() const;
 
-  // Records located once (see TreeCheck in shard.cc) take 16 bytes each, for
+  // Records located once (see shard_tree_check.cc) take 16 bytes each, for
   // all the shards this process has open within one budget: an eighth of the
   // memory it may use (cgroup limit included; 256 MiB where unknown), set at
   // first use or by SetLocatedBudget (tests). A shard that does not fit in
@@ -159,7 +171,8 @@ class ShardReader {
   const uint8_t* map_ = nullptr;  // LMDB's map of data.mdb
   uint64_t file_bytes_ = 0;       // data.mdb's size when opened
   int map_slot_ = -1;             // in the SIGBUS handler's table of maps
-  std::unique_ptr<TreeCheck> check_;  // the pages LMDB may read, checked first
+  std::unique_ptr<ShardFile> file_;   // data.mdb, as the ShardFiles opened it
+  std::unique_ptr<TreeCheck> check_;  // the pages LMDB may read, checked first; reads file_
 };
 
 // All shards of one split. Thread-safe to share; each thread takes its own ReadTxn.
@@ -168,7 +181,8 @@ class ShardReader {
 class SplitReader {
  public:
   static Result<std::unique_ptr<SplitReader>> Open(const std::string& root, const Manifest& m,
-                                                   const std::string& split);
+                                                   const std::string& split,
+                                                   const ShardFiles& files = ShardFiles::Local());
   const std::string& split() const { return split_; }
   uint64_t size() const { return num_samples_; }
   uint32_t num_classes() const { return num_classes_; }

@@ -15,6 +15,7 @@
 
 #include "base/file_util.h"
 #include "formats/lmdb_env.h"
+#include "tests/support/fault_shard_files.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -189,41 +190,55 @@ void Truncate(const std::string& path, uint64_t size) {
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0) << path;
 }
 
+// The file cut on disk, or only as the shard-file seam reports it (its size,
+// and reads that end there): the reader's checks see the same.
+enum class CutBy { kFile, kSeam };
+std::string Name(CutBy by) { return by == CutBy::kFile ? "the file" : "the seam"; }
+
 TEST(Shard, TruncatedDataFileIsCorruptionNamingTheShard) {
   testing::ScratchDir dir;
   const Manifest written = WriteShards(dir.path(), {600});
   const std::string data = dir.path() + "/train/shard-0/data.mdb";
   const uint64_t full = *FileSize(data);
   ASSERT_GT(full, 12288u + 4096u);
-  for (bool manifest_follows : {false, true}) {
-    for (uint64_t cut : {uint64_t{8191}, uint64_t{8192}, uint64_t{12288}, full - 4096}) {
-      SCOPED_TRACE("cut at " + std::to_string(cut) +
-                   (manifest_follows ? ", manifest updated" : ""));
-      testing::ScratchDir copy;
-      Manifest m = WriteShards(copy.path(), {600});
-      Truncate(copy.path() + "/train/shard-0/data.mdb", cut);
-      // With the manifest's bytes updated too, LMDB's own last page still tells.
-      if (manifest_follows) m.splits["train"].shards[0].bytes = cut;
-      Status s = SplitReader::Open(copy.path(), m, "train").status();
-      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-      EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
-      EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.ToString();
-      Result<std::unique_ptr<ShardReader>> r =
-          ShardReader::Open(copy.path(), m.splits["train"].shards[0]);
-      EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  for (CutBy by : {CutBy::kFile, CutBy::kSeam}) {
+    for (bool manifest_follows : {false, true}) {
+      for (uint64_t cut : {uint64_t{8191}, uint64_t{8192}, uint64_t{12288}, full - 4096}) {
+        SCOPED_TRACE("cut at " + std::to_string(cut) + " by " + Name(by) +
+                     (manifest_follows ? ", manifest updated" : ""));
+        testing::ScratchDir copy;
+        Manifest m = WriteShards(copy.path(), {600});
+        testing::FaultShardFiles seam;
+        if (by == CutBy::kFile) Truncate(copy.path() + "/train/shard-0/data.mdb", cut);
+        if (by == CutBy::kSeam) seam.Set({.shrink_to = cut});
+        // With the manifest's bytes updated too, LMDB's own last page still tells.
+        if (manifest_follows) m.splits["train"].shards[0].bytes = cut;
+        Status s = SplitReader::Open(copy.path(), m, "train", seam).status();
+        EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+        EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
+        EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.ToString();
+        Result<std::unique_ptr<ShardReader>> r =
+            ShardReader::Open(copy.path(), m.splits["train"].shards[0], seam);
+        EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+      }
     }
   }
 }
 
 TEST(Shard, EmptyDataFileSaysEmpty) {
-  testing::ScratchDir dir;
-  Manifest m = WriteShards(dir.path(), {3});
-  Truncate(dir.path() + "/train/shard-0/data.mdb", 0);
-  Status s = SplitReader::Open(dir.path(), m, "train").status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("empty (0 bytes)"), std::string::npos) << s.ToString();
-  EXPECT_EQ(s.message().find("Bad file descriptor"), std::string::npos) << s.ToString();
+  for (CutBy by : {CutBy::kFile, CutBy::kSeam}) {
+    SCOPED_TRACE("cut by " + Name(by));
+    testing::ScratchDir dir;
+    Manifest m = WriteShards(dir.path(), {3});
+    testing::FaultShardFiles seam;
+    if (by == CutBy::kFile) Truncate(dir.path() + "/train/shard-0/data.mdb", 0);
+    if (by == CutBy::kSeam) seam.Set({.shrink_to = 0});
+    Status s = SplitReader::Open(dir.path(), m, "train", seam).status();
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find("shard train/shard-0"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("empty (0 bytes)"), std::string::npos) << s.ToString();
+    EXPECT_EQ(s.message().find("Bad file descriptor"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(Shard, ManifestCountMustMatchTheShard) {
@@ -246,8 +261,8 @@ TEST(Shard, ManifestCountMustMatchTheShard) {
             "split 'train': num_samples is 9223372036854775808 but its shards hold 7 records");
 }
 
-// Byte-level edits of a written data.mdb (LMDB 0.9's layout: see TreeCheck
-// in shard.cc), as a damaged disk or a hostile file would make them.
+// Byte-level edits of a written data.mdb (LMDB 0.9's layout: see
+// shard_tree_check.cc), as a damaged disk or a hostile file would make them.
 class RawShard {
  public:
   explicit RawShard(std::string path) : path_(std::move(path)) { bytes_ = *ReadFileBytes(path_); }
@@ -704,6 +719,24 @@ TEST(Shard, WrittenFilesAreTheUsersOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+// Cut before a transaction begins: an error (BeginRead compares the size
+// with the one at open), not the SIGBUS of LMDB's first read of its map.
+TEST(Shard, TruncatedBeforeATransactionBeginsIsCorruptionNotASignal) {
+  testing::ScratchDir dir;
+  Manifest m = WriteShards(dir.path(), {600});
+  const std::string data = dir.path() + "/train/shard-0/data.mdb";
+  const uint64_t full = *FileSize(data);
+  auto reader = SplitReader::Open(dir.path(), m, "train");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Truncate(data, 8192);
+  auto txn = (*reader)->BeginRead();
+  Status s = txn.Read(599).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_EQ(s.message(), "split 'train', shard train/shard-0, index 599: data.mdb is now 8192 "
+                         "bytes, " + std::to_string(full) +
+                             " when the shard was opened: it was truncated while open");
+}
+
 TEST(ShardDeathTest, TruncatedUnderAReaderNamesTheShard) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   testing::ScratchDir dir;
@@ -713,8 +746,9 @@ TEST(ShardDeathTest, TruncatedUnderAReaderNamesTheShard) {
       {
         auto reader = SplitReader::Open(dir.path(), m, "train");
         if (!reader.ok()) std::_Exit(3);
-        Truncate(data, 8192);
         auto txn = (*reader)->BeginRead();
+        if (!txn.Read(0).ok()) std::_Exit(5);  // the transaction begun before the cut
+        Truncate(data, 8192);
         for (uint64_t i = 0; i < 600; ++i) (void)txn.Read(i);
         std::_Exit(4);
       },

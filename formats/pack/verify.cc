@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "formats/crc32c.h"
-#include "base/file_util.h"
 #include "formats/pack/pack.h"
 #include "formats/record.h"
 #include "formats/resize.h"
@@ -50,10 +49,17 @@ Status CheckRecord(std::span<const uint8_t> value, uint32_t num_classes, uint64_
 }
 
 // Step 1: data.mdb's size against the manifest. False when there is no file.
-bool CheckShardSize(const std::string& root, const ShardInfo& sh, Reporter* rep) {
-  Result<uint64_t> size = FileSize(root + "/" + sh.path + "/data.mdb");
+bool CheckShardSize(const std::string& root, const ShardInfo& sh, const ShardFiles& files,
+                    Reporter* rep) {
+  Result<std::unique_ptr<ShardFile>> file = files.Open(root, sh);
+  if (!file.ok()) {
+    rep->Add(sh.path, file.status().ToString());
+    return false;
+  }
+  Result<uint64_t> size = (*file)->Size();
   if (!size.ok()) {
-    rep->Add(sh.path, size.status().ToString());
+    rep->Add(sh.path, size.status().WithContext("cannot read the size of " + (*file)->dir() +
+                                                "/data.mdb").ToString());
     return false;
   }
   if (*size != sh.bytes) {
@@ -162,8 +168,9 @@ void CheckRecords(const ShardInfo& sh, const std::vector<StoredRecord>& records,
 void VerifyShard(const std::string& root, const ShardInfo& sh, uint32_t num_classes,
                  const VerifyOptions& o, const MaxSide& ms, Reporter* rep,
                  std::atomic<uint64_t>* checked, std::atomic<uint64_t>* decoded) {
-  if (!CheckShardSize(root, sh, rep)) return;
-  Result<std::unique_ptr<ShardReader>> reader = ShardReader::Open(root, sh);
+  const ShardFiles& files = o.files != nullptr ? *o.files : ShardFiles::Local();
+  if (!CheckShardSize(root, sh, files, rep)) return;
+  Result<std::unique_ptr<ShardReader>> reader = ShardReader::Open(root, sh, files);
   if (!reader.ok()) {
     rep->Add(sh.path, reader.status().ToString());
     return;
@@ -211,9 +218,9 @@ VerifyReport VerifyShardSet(const std::string& root, const VerifyOptions& o) {
 }
 
 Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index,
-                                 uint64_t max_pixels) {
+                                 uint64_t max_pixels, const ShardFiles& files) {
   NL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(root));
-  NL_ASSIGN_OR_RETURN(auto reader, SplitReader::Open(root, m, split));
+  NL_ASSIGN_OR_RETURN(auto reader, SplitReader::Open(root, m, split, files));
   auto txn = reader->BeginRead();
   RecordLimits limits;
   limits.max_pixels = max_pixels;

@@ -6,6 +6,7 @@
 
 #include "formats/image.h"
 #include "formats/manifest.h"
+#include "formats/shard_files.h"
 #include "base/status.h"
 
 namespace nl {
@@ -29,6 +30,8 @@ struct VerifyOptions {
   // Records and images over this many pixels are problems (as the loaders
   // refuse them), checked from the header before anything is allocated.
   uint64_t max_pixels = kDefaultMaxPixels;
+  // Where the shards' files come from; null: ShardFiles::Local(). Not owned.
+  const ShardFiles* files = nullptr;
 };
 
 // Every problem found is reported (up to max_problems), not just the first.
@@ -44,6 +47,7 @@ struct DecodedSample {
   uint32_t label = 0;
 };
 Result<DecodedSample> ReadSample(const std::string& root, const std::string& split, uint64_t index,
-                                 uint64_t max_pixels = kDefaultMaxPixels);
+                                 uint64_t max_pixels = kDefaultMaxPixels,
+                                 const ShardFiles& files = ShardFiles::Local());
 
 }  // namespace nl

@@ -11,6 +11,7 @@
 #include "base/file_util.h"
 #include "formats/pack/cifar_source.h"
 #include "formats/pack/pack.h"
+#include "tests/support/fault_shard_files.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -74,6 +75,48 @@ TEST(Verify, TruncatedShardIsReportedNotASignal) {
       EXPECT_EQ(s.status().code(), StatusCode::kCorruption) << s.status().ToString();
       EXPECT_NE(s.status().message().find("shard train/shard-00000"), std::string::npos);
     }
+  }
+}
+
+// ---- the shard files' faults, through the seam: problems naming the shard ----
+
+TEST(Verify, EachShardFileFaultIsAProblemNamingTheShard) {
+  ScratchDir dir;
+  std::vector<std::vector<uint8_t>> recs;
+  for (uint32_t i = 0; i < 40; ++i) recs.push_back(PngRecord(24, 24, i));
+  WriteShardSetForTest(dir.path(), recs);
+  const std::string data = dir / "train/shard-00000/data.mdb";
+  const uint64_t full = *FileSize(data);
+  testing::FaultShardFiles seam({.max_read = 5});  // short reads: nothing wrong
+  VerifyReport r = VerifyShardSet(dir.path(), {.threads = 1, .files = &seam});
+  EXPECT_TRUE(r.ok()) << AllProblems(r);
+  EXPECT_EQ(r.records_checked, 40u);
+  EXPECT_GT(seam.short_reads(), 0u);
+  struct Case {
+    testing::ShardFaults faults;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{.open_errno = EIO},
+       "train/shard-00000: I/O error: cannot open shard train/shard-00000 (" + data +
+           "): Input/output error"},
+      {{.size_errno = EIO},
+       "train/shard-00000: I/O error: cannot read the size of " + data + ": Input/output error"},
+      {{.read_errno = EIO, .read_error_from = 8192},
+       "train/shard-00000: I/O error: cannot open shard train/shard-00000 (" + data +
+           "): reading page at byte "},
+      {{.shrink_to = 8192},
+       "train/shard-00000: data.mdb is 8192 bytes, manifest says " + std::to_string(full)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    seam.Set(c.faults);
+    r = VerifyShardSet(dir.path(), {.threads = 1, .files = &seam});
+    EXPECT_NE(AllProblems(r).find(c.says), std::string::npos) << AllProblems(r);
+    Result<DecodedSample> s = ReadSample(dir.path(), "train", 1, kDefaultMaxPixels, seam);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("shard train/shard-00000"), std::string::npos)
+        << s.status().ToString();
   }
 }
 

@@ -146,7 +146,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   m.c.transform.seed = config.seed;
   NL_RETURN_IF_ERROR(CheckCounts(config));
   NL_ASSIGN_OR_RETURN(m.manifest, LoadManifest(config.data_dir));
-  NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split));
+  NL_ASSIGN_OR_RETURN(m.reader, SplitReader::Open(config.data_dir, m.manifest, config.split,
+                                                  config.shard_files != nullptr
+                                                      ? *config.shard_files
+                                                      : ShardFiles::Local()));
   const MemoryLimit mem = MemoryFor(config);
   m.plan = PlanReading(config, m.reader->size(), SplitBytes(*m.manifest.FindSplit(config.split)), mem.bytes,
                        mem.source);

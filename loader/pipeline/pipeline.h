@@ -52,6 +52,7 @@
 #include "base/status.h"
 #include "formats/image.h"
 #include "formats/manifest.h"
+#include "formats/shard_files.h"
 #include "loader/pipeline/sampler.h"
 #include "loader/pipeline/transforms.h"
 
@@ -157,6 +158,9 @@ struct PipelineConfig {
   std::function<void(int worker)> thread_start;
   // Optional: where batches live (at least `prefetch` buffers). Not owned.
   const BufferSource* buffers = nullptr;
+  // Optional: where the split's shard files come from (ShardFiles::Local()
+  // when null). Not owned; used by Open only.
+  const ShardFiles* shard_files = nullptr;
 };
 
 // How a pipeline reads its split: the order, its blocks and windows, and

@@ -18,6 +18,7 @@
 #include "base/memory.h"
 #include "formats/pack/pack.h"
 #include "formats/shard.h"
+#include "tests/support/fault_shard_files.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -445,6 +446,52 @@ TEST(Pipeline, BadRecordMidEpochNamesShardAndIndex) {
   EXPECT_NE(again.status().message().find("shard train/shard-00000, index 37: corrupt PNG"),
             std::string::npos)
       << again.status().ToString();
+}
+
+// The split's shard files through a fault-injecting seam
+// (tests/support/fault_shard_files.h), in random order read with pread and
+// in blocks order read ahead by the reader thread: short reads give the
+// same batches; a read that fails stops the pipeline with an error naming
+// the shard, the index and the byte.
+TEST(Pipeline, ShardFileFaultsGiveTheSameBatchesOrAnErrorNamingTheShard) {
+  testing::ScratchDir d;
+  const std::string dir = PackCifar(d, 150);
+  for (OrderChoice order : {OrderChoice::kRandom, OrderChoice::kBlocks}) {
+    SCOPED_TRACE(order == OrderChoice::kRandom ? "random order" : "blocks order");
+    PipelineConfig c = Config(dir, 2);
+    c.order = order;
+    c.memory_bytes = 1 << 20;  // the 0.6 MB split does not fit in half of it: pread
+    auto local = Pipeline::Open(c);
+    ASSERT_TRUE(local.ok()) << local.status().ToString();
+    ASSERT_TRUE((*local)->read_plan().pread_records);
+    const std::vector<Got> want = Drain(**local);
+    ASSERT_EQ(want.size(), 20u);
+
+    testing::FaultShardFiles seam({.max_read = 1000});
+    c.shard_files = &seam;
+    auto shortly = Pipeline::Open(c);
+    ASSERT_TRUE(shortly.ok()) << shortly.status().ToString();
+    EXPECT_TRUE(Drain(**shortly) == want) << "short reads changed the bytes";
+    EXPECT_GT(seam.short_reads(), 0u);
+
+    seam.Set({});
+    auto failing = Pipeline::Open(c);
+    ASSERT_TRUE(failing.ok()) << failing.status().ToString();
+    seam.Set({.read_errno = EIO, .read_error_from = 8192});  // every page past the meta pages
+    // (Batches made before the fault, in flight, come first.)
+    Result<BatchView> b = (*failing)->Next();
+    for (int got = 0; b.ok() && got < 20; ++got) {
+      ASSERT_TRUE((*failing)->Release(*b).ok());
+      b = (*failing)->Next();
+    }
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), StatusCode::kIOError) << b.status().ToString();
+    EXPECT_EQ(b.status().message().rfind("split 'train', shard train/shard-00000, index ", 0), 0u)
+        << b.status().ToString();
+    EXPECT_NE(b.status().message().find(" at byte "), std::string::npos) << b.status().ToString();
+    EXPECT_NE(b.status().message().find(": Input/output error"), std::string::npos)
+        << b.status().ToString();
+  }
 }
 
 TEST(Pipeline, SkipModeReplacesAndCounts) {

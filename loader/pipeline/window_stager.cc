@@ -22,7 +22,8 @@ constexpr uint64_t kMergeGap = 8 << 10;
 constexpr size_t kReadThreads = 4;
 struct Where {
   uint64_t index;
-  int fd;
+  int fd;  // the shard's: records of one shard share it
+  const ShardFile* file;
   uint64_t offset, size;
 };
 }  // namespace
@@ -70,45 +71,51 @@ bool WindowStager::direct() const {
   return used_direct_;
 }
 
-int WindowStager::DescriptorFor(int fd) {
-  if (!want_direct_) return fd;
+int WindowStager::DirectFor(const ShardFile* file) {
+  if (!want_direct_) return -1;
   std::lock_guard lock(fd_mu_);
-  for (auto& [shard_fd, twin] : direct_fds_) {
-    if (shard_fd == fd) return twin.fd.valid() && !twin.failed ? twin.fd.get() : fd;
+  for (auto& [f, twin] : direct_fds_) {
+    if (f == file) return twin.fd.valid() && !twin.failed ? twin.fd.get() : -1;
   }
-  // A second open file description of the same file (not a path: the shard
-  // read is the one the reader checked), with O_DIRECT; -1 where refused.
-  // Closed only with the stager: a helper may be reading through it.
-  const std::string self = "/proc/self/fd/" + std::to_string(fd);
-  Twin twin{Fd(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC)), false};
-  const int use = twin.fd.valid() ? twin.fd.get() : fd;
-  direct_fds_.emplace_back(fd, std::move(twin));
+  // The shard file's O_DIRECT twin (ShardFile::OpenDirect); none where
+  // refused. Closed only with the stager: a helper may be reading through it.
+  Result<Fd> direct = file->OpenDirect();
+  Twin twin{direct.ok() ? std::move(*direct) : Fd(), false};
+  const int use = twin.fd.valid() ? twin.fd.get() : -1;
+  direct_fds_.emplace_back(file, std::move(twin));
   return use;
 }
 
-uint64_t WindowStager::ReadRun(int shard_fd, uint8_t* out, uint64_t offset, uint64_t size) {
-  int fd = DescriptorFor(shard_fd);
+uint64_t WindowStager::ReadRun(const ShardFile& file, uint8_t* out, uint64_t offset,
+                               uint64_t size) {
+  int direct = DirectFor(&file);
   uint64_t got = 0;
   while (got < size) {
-    const ssize_t n = ::pread(fd, out + got, size - got, static_cast<off_t>(offset + got));
+    if (direct < 0) {
+      Result<size_t> n = file.ReadSome(offset + got, out + got, size - got);
+      if (!n.ok() || *n == 0) break;  // an error or the file's end: what was not read is not staged
+      got += *n;
+      continue;
+    }
+    const ssize_t n = ::pread(direct, out + got, size - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EINVAL && fd != shard_fd) {
+    if (n < 0 && errno == EINVAL) {
       // This file system took O_DIRECT at open but not for reads: plain
       // reads of this shard from now on.
       std::lock_guard lock(fd_mu_);
-      for (auto& [sfd, twin] : direct_fds_) {
-        if (sfd == shard_fd) twin.failed = true;
+      for (auto& [f, twin] : direct_fds_) {
+        if (f == &file) twin.failed = true;
       }
-      fd = shard_fd;
+      direct = -1;
       continue;
     }
-    if (n <= 0) break;  // an error or the file's end: what was not read is not staged
+    if (n <= 0) break;  // as above
     got += static_cast<uint64_t>(n);
     // A direct read that stops off a page boundary met the file's end (its
     // size is no multiple of 4 KiB): another would be refused.
-    if (fd != shard_fd && got % kAlign != 0) break;
+    if (got % kAlign != 0) break;
   }
-  if (fd != shard_fd && got > 0) {
+  if (direct >= 0 && got > 0) {
     std::lock_guard lock(mu_);
     used_direct_ = true;
   }
@@ -164,7 +171,7 @@ void WindowStager::Stage(Window win, Slot* slot) {
   at.reserve(idx.size());
   for (uint64_t index : idx) {
     Result<ShardReader::ReadTxn::Extent> e = txn_.Locate(index);
-    if (e.ok() && e->size > 0) at.push_back({index, e->fd, e->offset, e->size});
+    if (e.ok() && e->size > 0) at.push_back({index, e->fd, e->file, e->offset, e->size});
     // else: the worker's own read reports it
   }
   std::sort(at.begin(), at.end(), [](const Where& a, const Where& b) {
@@ -173,6 +180,7 @@ void WindowStager::Stage(Window win, Slot* slot) {
   // Runs of neighbouring records: [lo, hi) of one file, aligned for O_DIRECT.
   struct Run {
     int fd;
+    const ShardFile* file;
     uint64_t lo, hi, at;  // at: where in memory
     size_t first, last;   // at[first, last)
   };
@@ -193,7 +201,7 @@ void WindowStager::Stage(Window win, Slot* slot) {
       r.hi = std::max(r.hi, hi);
       r.last = i + 1;
     } else {
-      runs.push_back({at[i].fd, lo, hi, bytes, i, i + 1});
+      runs.push_back({at[i].fd, at[i].file, lo, hi, bytes, i, i + 1});
     }
     bytes += more;
   }
@@ -221,7 +229,7 @@ void WindowStager::Stage(Window win, Slot* slot) {
         std::lock_guard lock(mu_);
         if (stop_) return;
       }
-      const uint64_t got = ReadRun(r.fd, slot->memory + r.at, r.lo, r.hi - r.lo);
+      const uint64_t got = ReadRun(*r.file, slot->memory + r.at, r.lo, r.hi - r.lo);
       for (size_t i = r.first; i < r.last; ++i) {
         const uint64_t off = at[i].offset - r.lo;
         if (off + at[i].size <= got) found[t].push_back({at[i].index, r.at + off, at[i].size});

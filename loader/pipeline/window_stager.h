@@ -8,8 +8,9 @@
 // the next: the next is read while the current is worked on, and a window's
 // memory is reused only after each of its positions was done (Done).
 //
-// With `direct`, the reads bypass the page cache (O_DIRECT, through a
-// descriptor of its own on each shard): a split bigger than memory is read
+// The reads go through each shard's ShardFile (formats/shard_files.h). With
+// `direct`, they bypass the page cache (O_DIRECT, through a descriptor of
+// its own on each shard, ShardFile::OpenDirect): a split bigger than memory is read
 // once, with no page cache to fill, charge to the cgroup and reclaim again;
 // where the file system refuses O_DIRECT, plain reads. Only a fast path: a
 // record the stager did not read (one past where a read stopped short, a
@@ -86,10 +87,10 @@ class WindowStager {
   // Must hold mu_.
   std::span<const uint8_t> Lookup(const Slot& slot, uint64_t w, uint64_t index) const;
   void Stage(Window win, Slot* slot);  // runs without the lock held
-  int DescriptorFor(int fd);           // O_DIRECT twin of a shard's descriptor, or fd
+  int DirectFor(const ShardFile* file);  // its O_DIRECT twin's descriptor, or -1 (plain reads)
   // Reads [offset, offset + size) of a shard into out; returns the bytes read
   // (fewer on an error or at the file's end).
-  uint64_t ReadRun(int shard_fd, uint8_t* out, uint64_t offset, uint64_t size);
+  uint64_t ReadRun(const ShardFile& file, uint8_t* out, uint64_t offset, uint64_t size);
 
   const SplitReader& reader_;
   const bool want_direct_;
@@ -109,7 +110,7 @@ class WindowStager {
     bool failed = false;  // its reads were refused: plain reads instead
   };
   std::mutex fd_mu_;
-  std::vector<std::pair<int, Twin>> direct_fds_;  // shard descriptor -> its O_DIRECT twin
+  std::vector<std::pair<const ShardFile*, Twin>> direct_fds_;  // shard file -> its O_DIRECT twin
   Thread thread_;  // base's: the stager's own reader thread
 };
 

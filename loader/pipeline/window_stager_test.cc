@@ -11,6 +11,7 @@
 #include <random>
 
 #include "formats/pack/pack.h"
+#include "tests/support/fault_shard_files.h"
 #include "tests/support/test_util.h"
 
 namespace nl {
@@ -85,55 +86,83 @@ TEST(WindowStager, EveryWindowsRecordsAreTheirBytes) {
   }
 }
 
-// A shard cut short after the reader opened it: the records past the cut
-// are not staged (the worker's own read then reports the truncation), the
-// ones before it are.
+// A shard cut short after the reader opened it, on disk or as its shard
+// file's seam reports it (tests/support/fault_shard_files.h): the records
+// past the cut are not staged (the worker's own read then reports the
+// truncation), the ones before it are. The stager's transaction is begun
+// before the cut (its window 0), as a transaction begun after it is refused.
 TEST(WindowStager, RecordsPastAShardsEndAreLeftToTheWorker) {
-  testing::ScratchDir d;
-  const std::string dir = PackCifar(d, 200);
-  Split s = Open(dir);
-  auto txn = s.reader->BeginRead();
-  // Every record located before the cut (its leaf may lie past it).
-  std::vector<ShardReader::ReadTxn::Extent> where;
-  for (uint64_t i = 0; i < 200; ++i) {
-    auto e = txn.Locate(i);
-    ASSERT_TRUE(e.ok());
-    where.push_back(*e);
-  }
-  const ShardReader::ReadTxn::Extent* cut_at = &where[150];
-  ASSERT_GT(cut_at->offset, where[0].offset);
-  const std::string mdb =
-      dir + "/" + s.manifest.FindSplit("train")->shards[0].path + "/data.mdb";
-  ASSERT_EQ(::truncate(mdb.c_str(), static_cast<off_t>(cut_at->offset + 100)), 0);
-  WindowStager st(*s.reader, true, 4 << 20, 0, [&](uint64_t w) {
-    WindowStager::Window win;
-    if (w > 0) {
-      win.end = true;
+  for (bool by_seam : {false, true}) {
+    SCOPED_TRACE(by_seam ? "cut by the seam" : "cut on disk");
+    testing::ScratchDir d;
+    const std::string dir = PackCifar(d, 200);
+    const Manifest manifest = *LoadManifest(dir);
+    testing::FaultShardFiles seam;  // no faults until the cut; refuses O_DIRECT
+    auto opened = SplitReader::Open(dir, manifest, "train",
+                                    by_seam ? static_cast<const ShardFiles&>(seam)
+                                            : ShardFiles::Local());
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    const SplitReader& reader = **opened;
+    auto txn = reader.BeginRead();
+    // Every record located before the cut (its leaf may lie past it).
+    std::vector<ShardReader::ReadTxn::Extent> where;
+    for (uint64_t i = 0; i < 200; ++i) {
+      auto e = txn.Locate(i);
+      ASSERT_TRUE(e.ok());
+      where.push_back(*e);
+    }
+    const uint64_t cut = where[150].offset + 100;
+    ASSERT_GT(where[150].offset, where[0].offset);
+    std::promise<void> cut_done;
+    std::shared_future<void> after_cut = cut_done.get_future().share();
+    WindowStager st(reader, true, 4 << 20, 0, [&](uint64_t w) {
+      WindowStager::Window win;
+      if (w == 0) {  // record 0 alone: the stager's transaction begins
+        win.indices = {0};
+        win.positions = 1;
+      } else if (w == 1) {
+        after_cut.wait();
+        for (uint64_t i = 0; i < 200; ++i) win.indices.push_back(i);
+        win.positions = 200;
+      } else {
+        win.end = true;
+      }
       return win;
-    }
-    for (uint64_t i = 0; i < 200; ++i) win.indices.push_back(i);
-    win.positions = 200;
-    return win;
-  });
-  uint64_t staged = 0, missing = 0;
-  for (uint64_t i = 0; i < 200; ++i) {
-    const ShardReader::ReadTxn::Extent* e = &where[i];
-    std::span<const uint8_t> got = st.Find(0, i);
-    if (e->offset + e->size <= cut_at->offset + 100) {
-      EXPECT_EQ(got.size(), e->size) << i;
-      ++staged;
+    });
+    EXPECT_EQ(st.Find(0, 0).size(), where[0].size);
+    const std::string mdb = dir + "/" + manifest.FindSplit("train")->shards[0].path + "/data.mdb";
+    if (by_seam) {
+      seam.Set({.shrink_to = cut});
     } else {
-      EXPECT_TRUE(got.empty()) << i;
-      ++missing;
+      ASSERT_EQ(::truncate(mdb.c_str(), static_cast<off_t>(cut)), 0);
     }
+    cut_done.set_value();
     st.Done(0);
+    uint64_t staged = 0, missing = 0;
+    for (uint64_t i = 0; i < 200; ++i) {
+      const ShardReader::ReadTxn::Extent* e = &where[i];
+      std::span<const uint8_t> got = st.Find(1, i);
+      if (e->offset + e->size <= cut) {
+        EXPECT_EQ(got.size(), e->size) << i;
+        ++staged;
+      } else {
+        EXPECT_TRUE(got.empty()) << i;
+        ++missing;
+      }
+      st.Done(1);
+    }
+    EXPECT_GE(staged, 140u);
+    EXPECT_GE(missing, 49u);
+    std::vector<uint8_t> buf;
+    auto cut_short = txn.CopyOf(199, &buf);
+    ASSERT_FALSE(cut_short.ok());
+    EXPECT_NE(cut_short.status().message().find("truncated"), std::string::npos)
+        << cut_short.status().ToString();
+    // A transaction begun now is refused: its reads through the map would fault.
+    Status later = reader.BeginRead().Read(5).status();
+    EXPECT_NE(later.message().find("it was truncated while open"), std::string::npos)
+        << later.ToString();
   }
-  EXPECT_GE(staged, 140u);
-  EXPECT_GE(missing, 49u);
-  std::vector<uint8_t> buf;
-  auto cut = txn.CopyOf(199, &buf);
-  ASSERT_FALSE(cut.ok());
-  EXPECT_NE(cut.status().message().find("truncated"), std::string::npos) << cut.status().ToString();
 }
 
 // A window whose records take more than its memory (scattered records: a
