@@ -21,6 +21,7 @@ Result<std::unique_ptr<WorkerPool>> WorkerPool::Start(const Options& options, Bo
   WorkerPool* raw = pool.get();
   for (uint32_t w = 0; w < options.threads; ++w) {
     try {
+      MutexLock lock(&pool->join_mu_);
       pool->threads_.emplace_back([raw, w] { raw->Run(static_cast<int>(w)); });
     } catch (const std::system_error& e) {
       const Status st = Status::ResourceExhausted(
@@ -56,7 +57,7 @@ void WorkerPool::Run(int worker) {
 
 void WorkerPool::Record(const Status& st) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (first_error_.ok()) first_error_ = st;
   }
   if (options_.on_error) {
@@ -68,11 +69,11 @@ void WorkerPool::Record(const Status& st) {
 }
 
 Status WorkerPool::Join() {
-  std::lock_guard joining(join_mu_);  // two threads may call Join(): one joins, both wait
+  MutexLock joining(&join_mu_);  // two threads may call Join(): one joins, both wait
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return first_error_;
 }
 

@@ -20,11 +20,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace nl {
@@ -61,7 +61,7 @@ class WorkerPool {
   // Waits for every worker; returns the first error any of them had (in the
   // order they happened). Idempotent, and safe to call from several threads
   // at once (not from a worker of this pool).
-  Status Join();
+  Status Join() NL_EXCLUDES(join_mu_, mu_);
   ~WorkerPool();  // joins
 
   WorkerPool(const WorkerPool&) = delete;
@@ -70,14 +70,14 @@ class WorkerPool {
  private:
   WorkerPool() = default;
   void Run(int worker);
-  void Record(const Status& st);
+  void Record(const Status& st) NL_EXCLUDES(mu_);
 
   Options options_;
   Body body_;
-  std::vector<std::thread> threads_;
-  std::mutex join_mu_;  // serialises Join()
-  std::mutex mu_;
-  Status first_error_;  // guarded by mu_
+  Mutex join_mu_;  // serialises Join()
+  std::vector<std::thread> threads_ NL_GUARDED_BY(join_mu_);
+  Mutex mu_;
+  Status first_error_ NL_GUARDED_BY(mu_);
 };
 
 }  // namespace nl

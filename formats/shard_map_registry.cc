@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <mutex>
+#include <string>
+
+#include "base/mutex.h"
 
 namespace nl::shard_internal {
 namespace {
@@ -29,7 +31,9 @@ struct MappedShard {
 };
 constexpr size_t kMaxMappedShards = 4096;
 MappedShard g_mapped[kMaxMappedShards];
-std::mutex g_mapped_mu;  // serialises registration; the handler only reads
+// Serialises registration. The slots are not NL_GUARDED_BY it: the SIGBUS
+// handler reads them without a lock (their `begin` is atomic, published last).
+Mutex g_mapped_mu;
 struct sigaction g_previous_sigbus;
 
 void WriteAll(const char* s, size_t n) {
@@ -79,7 +83,7 @@ int RegisterMap(const std::string& data_path, const std::string& name) {
   struct stat st {};
   if (::stat(data_path.c_str(), &st) != 0) return -1;
   InstallSigbusHandler();
-  std::lock_guard lock(g_mapped_mu);
+  MutexLock lock(&g_mapped_mu);
   auto taken = [](uintptr_t b) {
     for (const auto& m : g_mapped)
       if (m.begin.load(std::memory_order_relaxed) == b) return true;
@@ -137,7 +141,7 @@ const uint8_t* MapBegin(int slot) {
 
 void UnregisterMap(int slot) {
   if (slot < 0) return;
-  std::lock_guard lock(g_mapped_mu);
+  MutexLock lock(&g_mapped_mu);
   g_mapped[slot].begin.store(0, std::memory_order_release);
 }
 

@@ -223,7 +223,7 @@ Status ShardReader::TreeCheck::Path(const unsigned char* key, size_t key_size, V
 }
 
 Status ShardReader::TreeCheck::Whole() {
-  std::lock_guard lock(whole_mu_);
+  MutexLock lock(&whole_mu_);
   if (!whole_done_) {
     whole_ = WalkAll();
     whole_done_ = true;

@@ -22,10 +22,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "formats/shard.h"
 
@@ -129,9 +129,9 @@ class ShardReader::TreeCheck {
   Located* located_ = nullptr;                        // mmap'd, located_count_ of them
   uint64_t located_count_ = 0;
   uint64_t base_ = 0;  // the first record's key
-  std::mutex whole_mu_;
-  bool whole_done_ = false;
-  Status whole_;
+  Mutex whole_mu_;
+  bool whole_done_ NL_GUARDED_BY(whole_mu_) = false;
+  Status whole_ NL_GUARDED_BY(whole_mu_);
 };
 
 }  // namespace nl

@@ -4,16 +4,16 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <condition_variable>
 
 namespace nl::trainer {
 
 // When each bucket's all-reduce arrived, written by the works' completion
 // callbacks (which may outlive the reducer after a failure: hence shared).
 struct Arrivals {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int64_t> ns;  // 0: not yet
+  explicit Arrivals(size_t buckets) : ns(buckets, 0) {}
+  Mutex mu;
+  CondVar cv;
+  std::vector<int64_t> ns NL_GUARDED_BY(mu);  // 0: not yet
 };
 
 namespace {
@@ -64,6 +64,7 @@ GradReducer::GradReducer(const std::vector<at::Tensor>& params, int64_t bucket_b
     bytes += b;
   }
   buckets_.resize(groups.size());
+  state_.resize(groups.size());  // (no hook yet: a constructor's accesses are not checked)
   for (size_t i = 0; i < groups.size(); ++i) {
     Bucket& bucket = buckets_[i];
     bucket.params = groups[i];
@@ -76,8 +77,7 @@ GradReducer::GradReducer(const std::vector<at::Tensor>& params, int64_t bucket_b
     bucket.buffer = at::zeros({total}, params_[bucket.params.front()].options().requires_grad(false));
     for (size_t k : bucket.params) Repoint(k);
   }
-  arrivals_ = std::make_shared<Arrivals>();
-  arrivals_->ns.assign(buckets_.size(), 0);
+  arrivals_ = std::make_shared<Arrivals>(buckets_.size());
   if (mode_ != ReduceMode::kOverlap || comm_ == nullptr || comm_->world() == 1) return;
   for (size_t k = 0; k < params_.size(); ++k) {
     std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(params_[k]);
@@ -123,41 +123,42 @@ void GradReducer::Begin() {
     if (!IsView(k)) Repoint(k);
   }
   for (Bucket& b : buckets_) b.buffer.zero_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   next_ = 0;
-  for (Bucket& b : buckets_) {
-    b.pending = b.params.size();
-    b.work.reset();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    state_[i].pending = buckets_[i].params.size();
+    state_[i].work.reset();
   }
-  std::lock_guard<std::mutex> alock(arrivals_->mu);
+  MutexLock alock(&arrivals_->mu);
   std::fill(arrivals_->ns.begin(), arrivals_->ns.end(), 0);
 }
 
 size_t GradReducer::launched() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return next_;
 }
 
 void GradReducer::Ready(size_t k) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Bucket& b = buckets_[bucket_of_[k]];
+  MutexLock lock(&mu_);
+  BucketState& b = state_[bucket_of_[k]];
   if (b.pending == 0) return;  // counted already (a second backward without Begin)
   if (--b.pending == 0) {
-    while (next_ < buckets_.size() && buckets_[next_].pending == 0) Launch(next_++);
+    while (next_ < buckets_.size() && state_[next_].pending == 0) Launch(next_++);
   }
 }
 
 void GradReducer::Launch(size_t i) {
   Bucket& b = buckets_[i];
+  BucketState& s = state_[i];
   b.buffer.div_(comm_->world());  // summing the shares averages them
   std::vector<at::Tensor> v{b.buffer};
-  b.launched = Clock::now();
-  b.work = comm_->StartAllReduceSum(v);
+  s.launched = Clock::now();
+  s.work = comm_->StartAllReduceSum(v);
   std::shared_ptr<Arrivals> arrivals = arrivals_;
-  b.work->getFuture()->addCallback([arrivals, i](c10::ivalue::Future&) {
-    std::lock_guard<std::mutex> lock(arrivals->mu);
+  s.work->getFuture()->addCallback([arrivals, i](c10::ivalue::Future&) {
+    MutexLock lock(&arrivals->mu);
     arrivals->ns[i] = NowNs();
-    arrivals->cv.notify_all();
+    arrivals->cv.NotifyAll();
   });
 }
 
@@ -165,24 +166,31 @@ ReduceTimes GradReducer::Finish(const std::string& what) {
   ReduceTimes t;
   if (comm_ == nullptr || comm_->world() == 1 || buckets_.empty()) return t;
   const Clock::time_point end = Clock::now();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  Clock::time_point first;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (next_ < buckets_.size()) Launch(next_++);  // after backward, or held back by an unused parameter
+    first = state_.front().launched;
+    for (const BucketState& s : state_) {
+      works.push_back(s.work);
+      first = std::min(first, s.launched);
+    }
   }
-  for (Bucket& b : buckets_) comm_->Wait(b.work, what);
+  for (const auto& w : works) comm_->Wait(w, what);
   const Clock::time_point done = Clock::now();
   t.exposed_ms = std::chrono::duration<double, std::milli>(done - end).count();
   // The completion callbacks run before a wait returns (Gloo completes the
   // future first); a late one is waited for briefly, else taken as now.
-  std::unique_lock<std::mutex> lock(arrivals_->mu);
-  arrivals_->cv.wait_for(lock, std::chrono::milliseconds(100), [&] {
-    return std::all_of(arrivals_->ns.begin(), arrivals_->ns.end(), [](int64_t ns) { return ns != 0; });
-  });
-  Clock::time_point first = buckets_.front().launched;
+  Arrivals& arrivals = *arrivals_;
+  MutexLock lock(&arrivals.mu);
+  const Clock::time_point late = Clock::now() + std::chrono::milliseconds(100);
+  while (!std::all_of(arrivals.ns.begin(), arrivals.ns.end(), [](int64_t ns) { return ns != 0; }) &&
+         arrivals.cv.WaitUntil(&arrivals.mu, late)) {
+  }
   int64_t last = 0;
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    first = std::min(first, buckets_[i].launched);
-    last = std::max(last, arrivals_->ns[i] ? arrivals_->ns[i] : NowNs());
+    last = std::max(last, arrivals.ns[i] ? arrivals.ns[i] : NowNs());
   }
   const double first_ns = static_cast<double>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(first.time_since_epoch()).count());

@@ -20,13 +20,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 
+#include "base/mutex.h"
 #include "trainer/comm.h"
 
 namespace nl::trainer {
@@ -58,26 +58,31 @@ class GradReducer {
   // Before forward: zeroes the gradients (one fill per bucket; an
   // optimizer's zero_grad would detach_ the views, which LibTorch refuses)
   // and every bucket waits for its gradients again.
-  void Begin();
+  void Begin() NL_EXCLUDES(mu_);
   // After backward (what names the collectives in an error). A parameter
   // that got no gradient holds its bucket, and every later one, until here.
-  ReduceTimes Finish(const std::string& what);
+  ReduceTimes Finish(const std::string& what) NL_EXCLUDES(mu_);
   // Whether parameter i's .grad is still a view of its bucket (tests).
   bool IsView(size_t i) const;
   // Buckets launched so far this step (tests: how many started in backward).
-  size_t launched();
+  size_t launched() NL_EXCLUDES(mu_);
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Fixed at construction.
   struct Bucket {
     at::Tensor buffer;
     std::vector<size_t> params;
+  };
+  // A bucket's step: counted down by the hooks (on autograd's threads),
+  // launched by the hook that completes it or by Finish.
+  struct BucketState {
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
     Clock::time_point launched{};
   };
-  void Ready(size_t param);
-  void Launch(size_t bucket);  // under mu_
+  void Ready(size_t param) NL_EXCLUDES(mu_);
+  void Launch(size_t bucket) NL_REQUIRES(mu_);
   at::Tensor ViewOf(size_t param) const;
   void Repoint(size_t param);
 
@@ -88,8 +93,9 @@ class GradReducer {
   ReduceMode mode_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
-  std::mutex mu_;
-  size_t next_ = 0;  // the first bucket not launched
+  Mutex mu_;
+  std::vector<BucketState> state_ NL_GUARDED_BY(mu_);  // buckets_[i]'s
+  size_t next_ NL_GUARDED_BY(mu_) = 0;  // the first bucket not launched
   std::shared_ptr<Arrivals> arrivals_;
 };
 

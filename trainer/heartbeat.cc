@@ -64,10 +64,10 @@ Heartbeat::Heartbeat(StoreAddress a, int rank, int world)
 
 Heartbeat::~Heartbeat() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   (void)thread_.Join();  // Loop returns only Ok; a store error is retried there
 }
 
@@ -152,9 +152,9 @@ std::string Heartbeat::PeersNow(const StoreAddress& a, int self, int world, bool
 
 void Heartbeat::Loop() {
   c10::intrusive_ptr<c10d::Store> st;
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   while (!stop_) {
-    l.unlock();
+    l.Unlock();
     try {
       if (!st) st = ConnectStore(a_, std::chrono::milliseconds(5000));
       const std::string v = std::to_string(step_.load()) + " " + std::to_string(phase_.load()) + " " +
@@ -163,9 +163,12 @@ void Heartbeat::Loop() {
     } catch (const std::exception&) {
       st.reset();  // the store is gone or slow: try again next time
     }
-    l.lock();
+    l.Lock();
     const auto before = std::chrono::steady_clock::now();
-    if (cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_; })) break;
+    const auto until = before + std::chrono::seconds(1);
+    while (!stop_ && cv_.WaitUntil(&mu_, until)) {
+    }
+    if (stop_) break;
     const int64_t late = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::steady_clock::now() - before - std::chrono::seconds(1))
                              .count();

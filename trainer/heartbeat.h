@@ -6,14 +6,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "base/mutex.h"
 #include "base/thread.h"
 
 namespace nl::trainer {
@@ -57,16 +56,16 @@ class Heartbeat {
 
  private:
   static std::string PeersNow(const StoreAddress& a, int self, int world, bool* behind);
-  void Loop();
+  void Loop() NL_EXCLUDES(mu_);
 
   StoreAddress a_;
   int rank_, world_;
   std::atomic<int64_t> step_{0}, since_;
   std::atomic<int> phase_{0};
   std::atomic<int64_t> frozen_ms_{0}, frozen_step_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ NL_GUARDED_BY(mu_) = false;
   Thread thread_;
 };
 

@@ -5,14 +5,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
 #include <set>
 #include <thread>
 
 #include "base/file_util.h"
+#include "base/mutex.h"
 #include "formats/pack/imagefolder_source.h"
 #include "formats/record.h"
 #include "formats/resize.h"
@@ -41,7 +40,6 @@ uint32_t DefaultThreads() {
 namespace {
 
 struct Slot {
-  bool ready = false;
   Status status;
   std::vector<uint8_t> record;
   uint32_t width = 0, height = 0;
@@ -160,7 +158,8 @@ class SlotWindow {
       : n_(samples),
         window_(kBlockSamples *
                 std::max<uint64_t>(kMinWindowBlocks, uint64_t{workers} * kWindowBlocksPerWorker)),
-        slots_(window_) {}
+        slots_(window_),
+        ready_(window_, false) {}
 
   // Worker: the next block [*first, *end), once it fits in the window. False
   // when every block is taken or the hand-off was stopped.
@@ -168,8 +167,8 @@ class SlotWindow {
     *first = next_block_.fetch_add(1) * kBlockSamples;
     if (*first >= n_) return false;
     *end = std::min(n_, *first + kBlockSamples);
-    std::unique_lock lock(mu_);
-    block_free_.wait(lock, [&] { return stop_ || *end <= written_ + window_; });
+    MutexLock lock(&mu_);
+    while (!(stop_ || *end <= written_ + window_)) block_free_.Wait(&mu_);
     return !stop_;
   }
   // The slot of sample i (a worker fills it between ClaimBlock and Publish).
@@ -177,50 +176,53 @@ class SlotWindow {
   // Worker: the block's samples are made; results[k] is sample first + k's.
   void Publish(uint64_t first, uint64_t end, std::vector<Status>* results) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       for (uint64_t i = first; i < end; ++i) {
         slot(i).status = std::move((*results)[i - first]);
-        slot(i).ready = true;
+        ready_[i % window_] = true;
       }
     }
-    block_ready_.notify_all();
+    block_ready_.NotifyAll();
   }
 
   // Writer: sample i's slot once it is made; nullptr when stopped.
   const Slot* WaitFor(uint64_t i) {
-    Slot& s = slot(i);
-    std::unique_lock lock(mu_);
-    block_ready_.wait(lock, [&] { return stop_ || s.ready; });
-    return stop_ ? nullptr : &s;
+    MutexLock lock(&mu_);
+    while (!(stop_ || ready_[i % window_])) block_ready_.Wait(&mu_);
+    return stop_ ? nullptr : &slot(i);
   }
   // Writer: sample i is written; its slot is free again.
   void Release(uint64_t i) {
     {
-      std::lock_guard lock(mu_);
-      slot(i).ready = false;
+      MutexLock lock(&mu_);
+      ready_[i % window_] = false;
       slot(i).status = Status::Ok();
       ++written_;
     }
-    if ((i + 1) % kBlockSamples == 0) block_free_.notify_all();
+    if ((i + 1) % kBlockSamples == 0) block_free_.NotifyAll();
   }
 
   void Stop() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    block_free_.notify_all();
-    block_ready_.notify_all();
+    block_free_.NotifyAll();
+    block_ready_.NotifyAll();
   }
 
  private:
   const uint64_t n_, window_;
+  // A slot's sample: its worker's from ClaimBlock to Publish, the writer's
+  // (read without the lock) from WaitFor to Release. ready_, under mu_,
+  // hands it over; the analysis cannot state that, so no annotation.
   std::vector<Slot> slots_;
   std::atomic<uint64_t> next_block_{0};
-  std::mutex mu_;
-  std::condition_variable block_ready_, block_free_;
-  uint64_t written_ = 0;  // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
+  Mutex mu_;
+  CondVar block_ready_, block_free_;
+  std::vector<bool> ready_ NL_GUARDED_BY(mu_);  // slots_[i] published, not yet released
+  uint64_t written_ NL_GUARDED_BY(mu_) = 0;
+  bool stop_ NL_GUARDED_BY(mu_) = false;
 };
 
 // The decode workers, on a WorkerPool, filling a SlotWindow. A worker's

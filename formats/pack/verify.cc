@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <mutex>
 
 #include "formats/crc32c.h"
+#include "base/file_util.h"
+#include "base/mutex.h"
 #include "formats/pack/pack.h"
 #include "formats/record.h"
 #include "formats/resize.h"
@@ -19,13 +20,13 @@ class Reporter {
  public:
   explicit Reporter(VerifyReport* r, size_t max) : r_(r), max_(max) {}
   void Add(std::string where, std::string what) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (r_->problems.size() < max_) r_->problems.push_back({std::move(where), std::move(what)});
   }
 
  private:
-  std::mutex mu_;
-  VerifyReport* r_;
+  Mutex mu_;
+  VerifyReport* r_ NL_PT_GUARDED_BY(mu_);
   size_t max_;
 };
 

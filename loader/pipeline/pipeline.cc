@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
 #include "base/memory.h"
 #include "base/worker_pool.h"
@@ -80,10 +79,7 @@ Result<OnBadRecord> ParseOnBadRecord(const std::string& s) {
 
 void Pipeline::Impl::Assign(uint64_t g) {
   Slot& s = slots[g % depth];
-  s.ready = false;
-  s.delivered = false;
-  s.error_at = UINT32_MAX;
-  s.error = Status::Ok();
+  slot_states[g % depth] = SlotState();
   if (total && g >= total) {
     s.seq.store(UINT64_MAX, std::memory_order_release);
     return;
@@ -130,11 +126,11 @@ Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Pipeline::~Pipeline() {
   {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     impl_->stop = true;
   }
-  impl_->work_cv.notify_all();
-  impl_->ready_cv.notify_all();
+  impl_->work_cv.NotifyAll();
+  impl_->ready_cv.NotifyAll();
   if (impl_->stager) impl_->stager->Stop();  // a worker waiting for a window goes on
   impl_->pool.reset();                        // joins
 }
@@ -209,7 +205,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
   }
   m.slots.reset(new Impl::Slot[m.depth]);
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(&m.mu);
+    m.slot_states.resize(m.depth);
     for (uint64_t g = 0; g < m.depth; ++g) m.Assign(g);
   }
   for (uint32_t i = 0; i < config.threads; ++i)
@@ -235,7 +232,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Open(const PipelineConfig& config) {
 
 Result<BatchView> Pipeline::Next() {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
+  MutexLock lock(&m.mu);
   if (m.in_next) {
     return Status::FailedPrecondition(
         "Next() called while another Next() is waiting: one consumer thread at a time");
@@ -248,10 +245,10 @@ Result<BatchView> Pipeline::Next() {
     // keeps a second consumer out meanwhile.
     m.in_next = true;
     m.stop = true;
-    lock.unlock();
-    m.work_cv.notify_all();
+    lock.Unlock();
+    m.work_cv.NotifyAll();
     const Status workers = m.pool->Join();
-    lock.lock();
+    lock.Lock();
     m.in_next = false;
     if (!workers.ok()) return workers;
     return Status::OutOfRange("end of the run (" + std::to_string(m.total) + " batches)");
@@ -263,31 +260,33 @@ Result<BatchView> Pipeline::Next() {
   }
   const uint64_t g = m.next_deliver;
   Impl::Slot& slot = m.slots[g % m.depth];
-  if (slot.delivered) {  // batch g - prefetch still holds the buffer batch g goes into
+  Impl::SlotState& state = m.slot_states[g % m.depth];
+  if (state.delivered) {  // batch g - prefetch still holds the buffer batch g goes into
     return Status::FailedPrecondition(
         "batch " + std::to_string(g) + " goes into the buffer of batch " +
         std::to_string(g - m.depth) + ", which the consumer still holds: Release() it first");
   }
   for (uint32_t i = 0; i < m.depth; ++i) {  // filled and waiting (not held by the consumer)
-    m.ready_sum += m.slots[i].ready && !m.slots[i].delivered ? 1 : 0;
+    m.ready_sum += m.slot_states[i].ready && !m.slot_states[i].delivered ? 1 : 0;
   }
   const auto t0 = Clock::now();
   m.in_next = true;
-  m.ready_cv.wait(lock, [&] {
-    return m.stop.load() || (slot.seq.load(std::memory_order_acquire) == g && slot.ready);
-  });
+  while (!(m.stop.load() || (slot.seq.load(std::memory_order_acquire) == g && state.ready))) {
+    m.ready_cv.Wait(&m.mu);
+  }
   m.in_next = false;
   m.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
   if (!m.failure.ok()) return m.failure;
-  if (m.stop.load() && !(slot.seq.load() == g && slot.ready))
+  if (m.stop.load() && !(slot.seq.load() == g && state.ready))
     return Status::Aborted("the loader was stopped");
-  if (!slot.error.ok()) {
-    m.failure = slot.error;
+  if (!state.error.ok()) {
+    m.failure = state.error;
     m.stop = true;
     if (m.stager) m.stager->Stop();
-    lock.unlock();
-    m.work_cv.notify_all();
-    return m.failure;
+    const Status failure = m.failure;
+    lock.Unlock();
+    m.work_cv.NotifyAll();
+    return failure;
   }
   const auto [epoch, b] = m.EpochBatch(g);
   const BatchBuffer buf = m.buffers->buffer(g % m.depth);
@@ -300,7 +299,7 @@ Result<BatchView> Pipeline::Next() {
   v.labels = buf.labels;
   v.indices = buf.indices;
   v.buffer = g % m.depth;
-  slot.delivered = true;
+  state.delivered = true;
   ++m.next_deliver;
   ++m.held;
   ++m.delivered;
@@ -310,19 +309,20 @@ Result<BatchView> Pipeline::Next() {
 Status Pipeline::Release(const BatchView& view) {
   Impl& m = *impl_;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(&m.mu);
     // Only a batch that is out and not yet back frees its buffer: releasing
     // twice (or a stale view) must not hand the buffer to another batch while
     // workers may be writing it.
     Impl::Slot& slot = m.slots[view.sequence % m.depth];
-    if (slot.seq.load(std::memory_order_relaxed) != view.sequence || !slot.delivered) {
+    if (slot.seq.load(std::memory_order_relaxed) != view.sequence ||
+        !m.slot_states[view.sequence % m.depth].delivered) {
       return Status::InvalidArgument("Release() of batch " + std::to_string(view.sequence) +
                                      ", which is not held (released twice, or never delivered)");
     }
     --m.held;
     m.Assign(view.sequence + m.depth);
   }
-  m.work_cv.notify_all();
+  m.work_cv.NotifyAll();
   return Status::Ok();
 }
 
@@ -336,7 +336,7 @@ PipelineStats Pipeline::Stats() const {
     s.decode_s += w->decode_ns.load() * 1e-9;
     s.transform_s += w->transform_ns.load() * 1e-9;
   }
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   s.batches = m.delivered;
   s.ahead_bytes = m.ahead_bytes.load(std::memory_order_relaxed) +
                   (m.stager ? m.stager->staged_bytes() : 0);

@@ -4,7 +4,6 @@
 // of the kernel) and the stager's windows they drive.
 #include <algorithm>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,8 +59,8 @@ Status Pipeline::Impl::RunWorker(int id) {
 bool Pipeline::Impl::WaitForSlot(uint64_t g) {
   Slot& slot = slots[g % depth];
   if (slot.seq.load(std::memory_order_acquire) == g) return true;
-  std::unique_lock lock(mu);
-  work_cv.wait(lock, [&] { return stop.load() || slot.seq.load(std::memory_order_acquire) == g; });
+  MutexLock lock(&mu);
+  while (!(stop.load() || slot.seq.load(std::memory_order_acquire) == g)) work_cv.Wait(&mu);
   return !stop.load();
 }
 
@@ -138,9 +137,9 @@ Status Pipeline::Impl::LoadWithReplacements(Worker& w, uint64_t epoch, uint64_t 
 // Sample j of batch g is done: its failure (the batch's first) is noted in
 // the slot, and the batch's last sample makes it ready.
 void Pipeline::Impl::FinishSample(uint64_t g, uint32_t j, const Status& err, uint64_t attempts) {
-  Slot& slot = slots[g % depth];
   if (!err.ok()) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
+    SlotState& slot = slot_states[g % depth];
     if (j < slot.error_at) {
       slot.error_at = j;
       slot.error = c.on_bad_record == OnBadRecord::kSkip
@@ -149,25 +148,25 @@ void Pipeline::Impl::FinishSample(uint64_t g, uint32_t j, const Status& err, uin
                        : err;
     }
   }
-  if (slot.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  if (slots[g % depth].remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     WriteMeta(g);
     {
-      std::lock_guard lock(mu);
-      slot.ready = true;
+      MutexLock lock(&mu);
+      slot_states[g % depth].ready = true;
     }
-    ready_cv.notify_all();
+    ready_cv.NotifyAll();
   }
 }
 
 void Pipeline::Impl::Fail(const Status& st) {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (failure.ok()) failure = st;
     stop = true;
   }
   if (stager) stager->Stop();
-  work_cv.notify_all();
-  ready_cv.notify_all();
+  work_cv.NotifyAll();
+  ready_cv.NotifyAll();
 }
 
 WindowStager::Window Pipeline::Impl::StagerWindow(uint64_t w) {
@@ -188,7 +187,7 @@ WindowStager::Window Pipeline::Impl::StagerWindow(uint64_t w) {
 }
 
 std::shared_ptr<const std::vector<uint64_t>> Pipeline::Impl::EpochList(uint64_t epoch) {
-  std::lock_guard lock(epoch_mu);
+  MutexLock lock(&epoch_mu);
   auto it = epoch_lists.find(epoch);
   if (it != epoch_lists.end()) return it->second;
   auto list = std::make_shared<const std::vector<uint64_t>>(sampler->EpochIndices(epoch));
@@ -217,8 +216,8 @@ void Pipeline::Impl::AskWindow(uint64_t w) {
 void Pipeline::Impl::ReadAhead(uint64_t epoch, uint64_t pos) {
   const uint64_t want = (epoch - c.start_epoch) * windows_per_epoch + pos / plan.ahead_samples + 2;
   if (ahead_next.load(std::memory_order_acquire) >= want) return;
-  std::unique_lock lock(ahead_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // another worker is asking; the next sample checks again
+  if (!ahead_mu.TryLock()) return;  // another worker is asking; the next sample checks again
+  MutexLock lock(&ahead_mu, MutexLock::Adopt{});
   uint64_t w = ahead_next.load(std::memory_order_relaxed);
   // Windows already passed (a resumed run, a slow start) are not asked for.
   w = std::max(w, want - 2);

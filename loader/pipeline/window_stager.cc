@@ -30,8 +30,7 @@ struct Where {
 
 WindowStager::WindowStager(const SplitReader& reader, bool direct, uint64_t window_bytes,
                            uint64_t first_window, std::function<Window(uint64_t)> window_of)
-    : reader_(reader),
-      want_direct_(direct),
+    : want_direct_(direct),
       window_bytes_(window_bytes),
       window_of_(std::move(window_of)),
       txn_(reader.BeginRead()),
@@ -49,31 +48,31 @@ WindowStager::WindowStager(const SplitReader& reader, bool direct, uint64_t wind
 
 void WindowStager::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 WindowStager::~WindowStager() {
   Stop();
   (void)thread_.Join();  // (Run keeps no error: a failed window leaves its records to the workers)
-  for (Slot& s : slots_) std::free(s.memory);
+  for (Records& r : records_) std::free(r.memory);
 }
 
 uint64_t WindowStager::staged_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return staged_;
 }
 
 bool WindowStager::direct() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return used_direct_;
 }
 
 int WindowStager::DirectFor(const ShardFile* file) {
   if (!want_direct_) return -1;
-  std::lock_guard lock(fd_mu_);
+  MutexLock lock(&fd_mu_);
   for (auto& [f, twin] : direct_fds_) {
     if (f == file) return twin.fd.valid() && !twin.failed ? twin.fd.get() : -1;
   }
@@ -102,7 +101,7 @@ uint64_t WindowStager::ReadRun(const ShardFile& file, uint8_t* out, uint64_t off
     if (n < 0 && errno == EINVAL) {
       // This file system took O_DIRECT at open but not for reads: plain
       // reads of this shard from now on.
-      std::lock_guard lock(fd_mu_);
+      MutexLock lock(&fd_mu_);
       for (auto& [f, twin] : direct_fds_) {
         if (f == &file) twin.failed = true;
       }
@@ -116,7 +115,7 @@ uint64_t WindowStager::ReadRun(const ShardFile& file, uint8_t* out, uint64_t off
     if (got % kAlign != 0) break;
   }
   if (direct >= 0 && got > 0) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     used_direct_ = true;
   }
   return got;
@@ -135,34 +134,35 @@ void WindowStager::Run() {
 void WindowStager::RunWindows() {
   NameThisThread("loader reader");
   for (uint64_t w = first_;; ++w) {
-    Slot* slot = &slots_[w % 2];
+    const size_t i = w % 2;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] {
-        return stop_ || slot->window == UINT64_MAX || (slot->ready && slot->pending == 0);
-      });
+      MutexLock lock(&mu_);
+      while (!(stop_ || slots_[i].window == UINT64_MAX ||
+               (slots_[i].ready && slots_[i].pending == 0))) {
+        cv_.Wait(&mu_);
+      }
       if (stop_) return;
-      slot->window = w;
-      slot->ready = false;
-      slot->pending = 0;
+      slots_[i].window = w;
+      slots_[i].ready = false;
+      slots_[i].pending = 0;
     }
     Window win = window_of_(w);
     const bool end = win.end;
     {
-      std::lock_guard lock(mu_);
-      slot->pending = win.positions;
+      MutexLock lock(&mu_);
+      slots_[i].pending = win.positions;
     }
-    Stage(std::move(win), slot);
+    Stage(std::move(win), &records_[i]);
     {
-      std::lock_guard lock(mu_);
-      slot->ready = true;
+      MutexLock lock(&mu_);
+      slots_[i].ready = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (end) return;
   }
 }
 
-void WindowStager::Stage(Window win, Slot* slot) {
+void WindowStager::Stage(Window win, Records* slot) {
   slot->entries.clear();  // read by others only once ready
   std::vector<uint64_t>& idx = win.indices;
   std::sort(idx.begin(), idx.end());
@@ -226,7 +226,7 @@ void WindowStager::Stage(Window win, Slot* slot) {
     for (size_t k; (k = next_run.fetch_add(1)) < runs.size();) {
       const Run& r = runs[k];
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         if (stop_) return;
       }
       const uint64_t got = ReadRun(*r.file, slot->memory + r.at, r.lo, r.hi - r.lo);
@@ -234,7 +234,7 @@ void WindowStager::Stage(Window win, Slot* slot) {
         const uint64_t off = at[i].offset - r.lo;
         if (off + at[i].size <= got) found[t].push_back({at[i].index, r.at + off, at[i].size});
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       staged_ += got;
     }
   };
@@ -260,35 +260,37 @@ void WindowStager::Stage(Window win, Slot* slot) {
 }
 
 std::span<const uint8_t> WindowStager::Find(uint64_t w, uint64_t index) {
-  Slot& slot = slots_[w % 2];
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
+  const Slot& slot = slots_[w % 2];
   // The window is (or will be) in its slot once the one before it there is
   // done; the stager never skips a window.
-  cv_.wait(lock, [&] { return stop_ || (slot.window == w && slot.ready); });
-  return Lookup(slot, w, index);
+  while (!(stop_ || (slot.window == w && slot.ready))) cv_.Wait(&mu_);
+  return Lookup(w, index);
 }
 
 std::span<const uint8_t> WindowStager::Peek(uint64_t w, uint64_t index) {
-  std::lock_guard lock(mu_);
-  return Lookup(slots_[w % 2], w, index);
+  MutexLock lock(&mu_);
+  return Lookup(w, index);
 }
 
-std::span<const uint8_t> WindowStager::Lookup(const Slot& slot, uint64_t w, uint64_t index) const {
+std::span<const uint8_t> WindowStager::Lookup(uint64_t w, uint64_t index) const {
+  const Slot& slot = slots_[w % 2];
   if (!(slot.window == w && slot.ready)) return {};
-  auto it = std::lower_bound(slot.entries.begin(), slot.entries.end(), index,
+  const Records& r = records_[w % 2];
+  auto it = std::lower_bound(r.entries.begin(), r.entries.end(), index,
                              [](const Entry& e, uint64_t i) { return e.index < i; });
-  if (it == slot.entries.end() || it->index != index) return {};
-  return {slot.memory + it->at, it->size};
+  if (it == r.entries.end() || it->index != index) return {};
+  return {r.memory + it->at, it->size};
 }
 
 void WindowStager::Done(uint64_t w) {
   bool freed = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     Slot& slot = slots_[w % 2];
     if (slot.window == w && slot.ready && slot.pending > 0) freed = --slot.pending == 0;
   }
-  if (freed) cv_.notify_all();
+  if (freed) cv_.NotifyAll();
 }
 
 }  // namespace nl

@@ -20,14 +20,13 @@
 // without the stager.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <vector>
 
 #include "base/fd.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/thread.h"
 #include "formats/shard.h"
@@ -50,23 +49,23 @@ class WindowStager {
   ~WindowStager();  // Stop(), then joins the thread (a read in progress finishes)
   // From now on Find returns at once (empty where the window is not read):
   // a worker waiting for a window goes on. The thread stops after its read.
-  void Stop();
+  void Stop() NL_EXCLUDES(mu_);
   WindowStager(const WindowStager&) = delete;
   WindowStager& operator=(const WindowStager&) = delete;
 
   // Record `index` of window `w`, waiting until the window is read; empty
   // when the stager did not read it (the worker reads it itself). Valid
   // until this caller's Done(w).
-  std::span<const uint8_t> Find(uint64_t w, uint64_t index);
+  std::span<const uint8_t> Find(uint64_t w, uint64_t index) NL_EXCLUDES(mu_);
   // Find without waiting: empty where window `w` is not read yet. For a
   // prefetch hint only (the bytes may be reused once the caller's window is
   // done, so they are not to be read after that).
-  std::span<const uint8_t> Peek(uint64_t w, uint64_t index);
+  std::span<const uint8_t> Peek(uint64_t w, uint64_t index) NL_EXCLUDES(mu_);
   // One position of window `w` is done (its sample written or failed).
-  void Done(uint64_t w);
+  void Done(uint64_t w) NL_EXCLUDES(mu_);
 
-  uint64_t staged_bytes() const;  // read into memory so far, over the run
-  bool direct() const;            // O_DIRECT used for at least one read
+  uint64_t staged_bytes() const NL_EXCLUDES(mu_);  // read into memory so far, over the run
+  bool direct() const NL_EXCLUDES(mu_);            // O_DIRECT used for at least one read
 
  private:
   struct Entry {
@@ -74,43 +73,52 @@ class WindowStager {
     uint64_t at;    // byte offset in the slot's memory
     uint64_t size;  // 0: not read
   };
+  // Which window a slot holds (slots_[w % 2] holds window w).
   struct Slot {
     uint64_t window = UINT64_MAX;  // UINT64_MAX: free
     bool ready = false;
     uint64_t pending = 0;  // positions not yet done
+  };
+  // A slot's records. Written by the stager's thread, without the lock,
+  // while the slot is not ready (no one else reads them then); read, under
+  // mu_, once it is, until its window is done. The analysis cannot state
+  // that hand-off (the lock is not what protects them), so no annotation.
+  struct Records {
     std::vector<Entry> entries;  // sorted by index
     uint8_t* memory = nullptr;
     size_t capacity = 0;
   };
   void Run();  // RunWindows; an exception stops the stager (the workers read)
-  void RunWindows();
-  // Must hold mu_.
-  std::span<const uint8_t> Lookup(const Slot& slot, uint64_t w, uint64_t index) const;
-  void Stage(Window win, Slot* slot);  // runs without the lock held
-  int DirectFor(const ShardFile* file);  // its O_DIRECT twin's descriptor, or -1 (plain reads)
+  void RunWindows() NL_EXCLUDES(mu_);
+  std::span<const uint8_t> Lookup(uint64_t w, uint64_t index) const NL_REQUIRES(mu_);
+  void Stage(Window win, Records* out) NL_EXCLUDES(mu_);  // runs without the lock held
+  // Its O_DIRECT twin's descriptor, or -1 (plain reads).
+  int DirectFor(const ShardFile* file) NL_EXCLUDES(fd_mu_);
   // Reads [offset, offset + size) of a shard into out; returns the bytes read
   // (fewer on an error or at the file's end).
-  uint64_t ReadRun(const ShardFile& file, uint8_t* out, uint64_t offset, uint64_t size);
+  uint64_t ReadRun(const ShardFile& file, uint8_t* out, uint64_t offset, uint64_t size)
+      NL_EXCLUDES(mu_, fd_mu_);
 
-  const SplitReader& reader_;
   const bool want_direct_;
   const uint64_t window_bytes_;
   std::function<Window(uint64_t)> window_of_;
   SplitReader::ReadTxn txn_;  // the stager thread's own
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ NL_GUARDED_BY(mu_) = false;
   const uint64_t first_;  // the run's first window
-  Slot slots_[2];
-  uint64_t staged_ = 0;
-  bool used_direct_ = false;
+  Slot slots_[2] NL_GUARDED_BY(mu_);
+  Records records_[2];  // slots_[i]'s
+  uint64_t staged_ NL_GUARDED_BY(mu_) = 0;
+  bool used_direct_ NL_GUARDED_BY(mu_) = false;
   struct Twin {
     Fd fd;
     bool failed = false;  // its reads were refused: plain reads instead
   };
-  std::mutex fd_mu_;
-  std::vector<std::pair<const ShardFile*, Twin>> direct_fds_;  // shard file -> its O_DIRECT twin
+  Mutex fd_mu_;
+  // Shard file -> its O_DIRECT twin.
+  std::vector<std::pair<const ShardFile*, Twin>> direct_fds_ NL_GUARDED_BY(fd_mu_);
   Thread thread_;  // base's: the stager's own reader thread
 };
 

@@ -10,12 +10,12 @@
 #include <cstring>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "base/child_process.h"
+#include "base/mutex.h"
 #include "loader/ring/ring_lock.h"
 #include "loader/ring/ring_socket.h"
 
@@ -47,16 +47,17 @@ struct RingClient::Impl {
 
   std::atomic<bool> in_next{false};
   std::atomic<bool> said_goodbye{false};  // Goodbye(): the ring is ours to read, not to use
-  std::mutex mu;  // guards the fields below (Release may come from another thread)
+  Mutex mu;  // guards the fields below (Release may come from another thread)
   // Per slot: position + 1 while we hold it, else 0. Written under `mu`;
   // atomic so that Next() reads it while holding the ring's lock without
   // taking `mu` (Release takes `mu`, then the ring's lock: no inversion).
+  // (So not NL_GUARDED_BY: its reads need no lock.)
   std::unique_ptr<std::atomic<uint64_t>[]> taken;
-  uint32_t held = 0;
-  uint64_t sequence = 0;
-  uint64_t generation = 0;  // the request our batches must answer
-  bool have_next = false;   // whether next_epoch/next_batch are known
-  uint64_t next_epoch = 0, next_batch = 0;
+  uint32_t held NL_GUARDED_BY(mu) = 0;
+  uint64_t sequence NL_GUARDED_BY(mu) = 0;
+  uint64_t generation NL_GUARDED_BY(mu) = 0;  // the request our batches must answer
+  bool have_next NL_GUARDED_BY(mu) = false;   // whether next_epoch/next_batch are known
+  uint64_t next_epoch NL_GUARDED_BY(mu) = 0, next_batch NL_GUARDED_BY(mu) = 0;
 
   ~Impl() {
     if (conn.valid() && !said_goodbye) (void)SendMessage(conn.get(), MakeMessage(MessageKind::kDetach, ""));
@@ -186,10 +187,15 @@ struct RingClient::Impl {
     info.epochs = copy.epochs;
     taken.reset(new std::atomic<uint64_t>[g.slot_count]());
     attached_ns = MonotonicNs();
-    RingLock lock = TryLockFor(h->control, 1000);
-    if (!lock.owns()) return Refuse("its ring's lock stayed held for 1 s");
-    h->consumer_pid = ::getpid();
-    generation = h->control.request_id;
+    uint64_t request_id = 0;
+    {
+      RingLock lock = TryLockFor(h->control, 1000);
+      if (!lock.owns()) return Refuse("its ring's lock stayed held for 1 s");
+      h->consumer_pid = ::getpid();
+      request_id = h->control.request_id;
+    }
+    MutexLock local(&mu);  // (no one else has this client yet; the analysis asks for it)
+    generation = request_id;
     if (generation == 0) {  // no seek yet: the producer starts where it was told
       have_next = true;
       next_epoch = copy.first_epoch;
@@ -239,7 +245,8 @@ struct RingClient::Impl {
   }
 
   // The batch in `slot` (taken), as the caller sees it; its size checked.
-  Result<RingBatch> Deliver(uint32_t slot, uint64_t pos, const BatchMeta& meta, double waited_s) {
+  Result<RingBatch> Deliver(uint32_t slot, uint64_t pos, const BatchMeta& meta, double waited_s)
+      NL_EXCLUDES(mu) {
     if (meta.size == 0 || meta.size > g.batch_size) {
       return Status::Corruption(who + " published a batch of " + std::to_string(meta.size) +
                                 " samples into a ring of " + std::to_string(g.batch_size));
@@ -255,7 +262,7 @@ struct RingClient::Impl {
     b.batch = meta.batch;
     b.position = pos;
     b.wait_s = waited_s;
-    std::lock_guard local(mu);
+    MutexLock local(&mu);
     b.sequence = sequence++;
     taken[slot] = pos + 1;
     ++held;
@@ -321,7 +328,7 @@ const RingInfo& RingClient::info() const { return impl_->info; }
 
 void RingClient::Goodbye() {
   Impl& m = *impl_;
-  std::lock_guard local(m.mu);
+  MutexLock local(&m.mu);
   if (m.said_goodbye.exchange(true)) return;
   if (m.conn.valid()) (void)SendMessage(m.conn.get(), MakeMessage(MessageKind::kDetach, ""));
   // The connection stays open (a Next waiting in another thread may still
@@ -340,7 +347,7 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
   } leave{&m.in_next};
   uint64_t generation;
   {
-    std::lock_guard local(m.mu);
+    MutexLock local(&m.mu);
     if (m.held >= m.g.slot_count) {
       return Status::FailedPrecondition("all " + std::to_string(m.g.slot_count) +
                                         " slots of the ring are held: release a batch first");
@@ -372,7 +379,7 @@ Result<RingBatch> RingClient::Next(double timeout_s) {
 
 Status RingClient::Release(const RingBatch& b) {
   Impl& m = *impl_;
-  std::lock_guard local(m.mu);
+  MutexLock local(&m.mu);
   if (m.said_goodbye) return m.Closed();
   if (b.slot >= m.g.slot_count || m.taken[b.slot] == 0 || m.taken[b.slot] != b.position + 1) {
     return Status::InvalidArgument("release of batch " + std::to_string(b.sequence) +
@@ -399,7 +406,7 @@ Status RingClient::Release(const RingBatch& b) {
 
 Status RingClient::Seek(uint64_t epoch, uint64_t batch) {
   Impl& m = *impl_;
-  std::lock_guard local(m.mu);
+  MutexLock local(&m.mu);
   if (m.said_goodbye) return m.Closed();
   if (m.held != 0) {
     return Status::FailedPrecondition("seek with " + std::to_string(m.held) +
@@ -440,7 +447,7 @@ Status RingClient::Seek(uint64_t epoch, uint64_t batch) {
 }
 
 uint32_t RingClient::held() const {
-  std::lock_guard local(impl_->mu);
+  MutexLock local(&impl_->mu);
   return impl_->held;
 }
 

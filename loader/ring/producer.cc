@@ -9,11 +9,11 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
-#include <mutex>
 #include <new>
 #include <thread>
 
 #include "base/child_process.h"
+#include "base/mutex.h"
 #include "loader/ring/ring_lock.h"
 #include "loader/ring/ring_socket.h"
 
@@ -29,9 +29,9 @@ struct RingProducer::Impl {
   size_t bytes = 0;
   Header* h = nullptr;
   int consumer_pid = 0;
-  std::mutex gone_mu;  // ConsumerGone() may be called from several threads
-  bool gone = false, detached = false;
-  std::string refusal;  // what a refusing consumer said
+  Mutex gone_mu;  // ConsumerGone() may be called from several threads
+  bool gone NL_GUARDED_BY(gone_mu) = false, detached NL_GUARDED_BY(gone_mu) = false;
+  std::string refusal NL_GUARDED_BY(gone_mu);  // what a refusing consumer said
 
   ~Impl() {
     // The header's mutex and semaphores are not destroyed: the consumer may
@@ -339,7 +339,7 @@ void RingProducer::Finish(ProducerState state, const std::string& error) {
 
 bool RingProducer::ConsumerGone(bool* detached) {
   Impl& m = *impl_;
-  std::lock_guard gone_lock(m.gone_mu);
+  MutexLock gone_lock(&m.gone_mu);
   if (!m.gone && m.conn.valid()) {
     pollfd p{m.conn.get(), POLLIN | POLLRDHUP, 0};
     if (::poll(&p, 1, 0) > 0) {
@@ -368,7 +368,7 @@ bool RingProducer::ConsumerGone(bool* detached) {
 
 int RingProducer::connection_fd() const { return impl_->conn.get(); }
 std::string RingProducer::refusal() const {
-  std::lock_guard gone_lock(impl_->gone_mu);
+  MutexLock gone_lock(&impl_->gone_mu);
   return impl_->refusal;
 }
 int RingProducer::listen_fd() const { return impl_->listener.get(); }

@@ -89,6 +89,15 @@ struct SlotHeader {
 // survivor. sem_post never waits for anyone. A side posts only when the
 // other has said (under the mutex) that it is about to wait, so the counts
 // stay at 0 or 1.
+//
+// The mutex is Boost's process-shared one, not a base/mutex.h Mutex, and
+// the fields it guards carry no NL_GUARDED_BY: they lie in shared memory,
+// written by the other process too, which no compiler sees; and the lock is
+// taken with a timeout (TryLockFor, ring_lock.h) whose success is a value
+// known at run time, in a lock object returned by value, and let go inside
+// SleepUntilWoken, none of which clang's analysis follows (it would need an
+// assertion at each use that checks nothing). Its rule is kept by
+// PROTOCOL.md and the ring's tests instead.
 struct Control {
   boost::interprocess::interprocess_mutex mutex;
   boost::interprocess::interprocess_semaphore on_publish{0};  // producer -> consumer

@@ -1,6 +1,7 @@
 // Timed locking and waiting on the ring's process-shared objects: every wait
 // is cut into short slices, so a waiter can look at its peer (the socket)
-// between them and never blocks for good on a peer that died.
+// between them and never blocks for good on a peer that died. (Why these
+// locks are outside clang's lock checks: Control, in ring_layout.h.)
 #pragma once
 
 #include <boost/date_time/posix_time/posix_time_types.hpp>

@@ -5,16 +5,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "base/thread.h"
 #include "formats/manifest.h"
 #include "loader/pipeline/sampler.h"
@@ -216,7 +215,7 @@ class Service {
     if (!st.ok()) {
       Fail(st.WithContext(what));
       stop_ = true;
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
     return st;
   }
@@ -263,7 +262,7 @@ class Service {
       stopped_by_ = sig;
       producer_->Finish(ring::ProducerState::kStopped, "stopped by " + SignalName(sig));
       stop_ = true;
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
   }
 
@@ -274,7 +273,7 @@ class Service {
       consumer_gone_ = true;
       stop_ = true;
       *gone_at = Clock::now();
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
   }
 
@@ -314,7 +313,7 @@ class Service {
   // Gives slots the consumer freed back to the pipeline at once, so it
   // refills while the consumer computes; wakes the serve loop (a seek).
   void GiveBackFreedSlots() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = outstanding_.begin(); it != outstanding_.end();) {
       if (producer_->IsFree(it->position)) {
         const Status st = pipeline_->Release(it->view);
@@ -324,7 +323,7 @@ class Service {
         ++it;
       }
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Joins the freer, closes the pipeline, then joins the watcher (which
@@ -335,7 +334,7 @@ class Service {
     Status st = freer_.Join();
     ClosePipeline();
     done_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
     const Status watched = watcher_.Join();
     return st.ok() ? watched : st;
   }
@@ -350,8 +349,8 @@ class Service {
       if (req.id != generation_.load()) {
         if (!Restart(req)) break;
       } else if (ended_) {
-        std::unique_lock lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(50));
+        MutexLock lock(&mu_);
+        (void)cv_.WaitFor(&mu_, std::chrono::milliseconds(50));
       } else if (!WaitedForOldestSlot() && !ServeOneBatch()) {
         break;
       }
@@ -371,7 +370,7 @@ class Service {
       Log(who_ + ": " + p->read_plan().summary);
       plan_said_ = true;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     source_ = std::move(src);
     pipeline_ = std::move(p);
     run_epoch_ = epoch;
@@ -381,7 +380,7 @@ class Service {
   }
 
   void ClosePipeline() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     pipeline_.reset();  // joins its workers: no one writes the slots after this
     source_.reset();
     outstanding_.clear();
@@ -414,7 +413,7 @@ class Service {
   // of order: a count of outstanding batches is not enough). True when it
   // is not, after waiting a slice for it.
   bool WaitedForOldestSlot() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (outstanding_.empty() || outstanding_.front().view.sequence + slots_ > delivered_) {
       full_since_ = {};
       warned_ = false;
@@ -422,7 +421,7 @@ class Service {
     }
     if (full_since_ == Clock::time_point{}) full_since_ = Clock::now();
     producer_->SetActivity(ring::Activity::kWaitingForSlot);
-    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    (void)cv_.WaitFor(&mu_, std::chrono::milliseconds(50));
     const double held_s = std::chrono::duration<double>(Clock::now() - full_since_).count();
     if (!warned_ && cfg_.stall_warning_s >= 0 && held_s > cfg_.stall_warning_s) {
       warned_ = true;
@@ -440,7 +439,12 @@ class Service {
     // which batch was in the making (not a stale "waiting for a consumer").
     producer_->SetActivity(ring::Activity::kFilling, run_epoch_ + pos / bpe_, pos % bpe_);
     if (!SimulateDelay()) return true;  // stopped: the loop sees it
-    Result<BatchView> view = pipeline_->Next();
+    Pipeline* pipeline;
+    {
+      MutexLock lock(&mu_);
+      pipeline = pipeline_.get();  // reset by this thread only: it stays valid here
+    }
+    Result<BatchView> view = pipeline->Next();
     if (!view.ok()) {
       if (view.status().code() == StatusCode::kOutOfRange) {
         producer_->Finish(ring::ProducerState::kEnd, "");
@@ -470,7 +474,7 @@ class Service {
   }
 
   bool Publish(const BatchView& view) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     const uint64_t position = producer_->published();
     BatchMeta meta;
     meta.sequence = view.sequence;
@@ -531,11 +535,11 @@ class Service {
   std::atomic<bool> detached_{false}, freer_done_{false};
   std::atomic<int> stopped_by_{0};
   std::atomic<uint64_t> generation_{0};
-  std::mutex mu_;  // the pipeline, its source and outstanding_
-  std::condition_variable cv_;
-  std::unique_ptr<SlotSource> source_;
-  std::unique_ptr<Pipeline> pipeline_;
-  std::deque<Out> outstanding_;  // published, not yet given back to the pipeline
+  Mutex mu_;
+  CondVar cv_;
+  std::unique_ptr<SlotSource> source_ NL_GUARDED_BY(mu_);
+  std::unique_ptr<Pipeline> pipeline_ NL_GUARDED_BY(mu_);
+  std::deque<Out> outstanding_ NL_GUARDED_BY(mu_);  // published, not yet given back to the pipeline
 
   // The serve loop's own state (its thread only).
   Status result_;

@@ -10,10 +10,10 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "loader/staging/staging_backend.h"
 
 namespace nl {
@@ -131,7 +131,7 @@ class CudaBackend : public Stager::Backend {
   static void CUDART_CB ReleaseSlot(void* data);
   Status Enqueue(Buffer& buf, const RingBatch& ring);
   void GiveBackAfterFailure(const RingBatch& ring);
-  Status DeferredError();
+  Status DeferredError() NL_EXCLUDES(deferred_mutex_);
 
   RingClient* client_;
   int device_;
@@ -146,8 +146,9 @@ class CudaBackend : public Stager::Backend {
 
   // Slots whose copy is queued and whose release callback has not run yet.
   std::atomic<uint32_t> slots_in_flight_{0};
-  std::mutex deferred_mutex_;
-  Status deferred_;  // a failed release from the callback; reported from then on
+  Mutex deferred_mutex_;
+  // A failed release from the callback; reported from then on.
+  Status deferred_ NL_GUARDED_BY(deferred_mutex_);
 };
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(RingClient* client, int device,
@@ -210,7 +211,7 @@ CudaBackend::~CudaBackend() {
 }
 
 Status CudaBackend::DeferredError() {
-  std::lock_guard<std::mutex> lock(deferred_mutex_);
+  MutexLock lock(&deferred_mutex_);
   return deferred_;
 }
 
@@ -227,7 +228,7 @@ void CUDART_CB CudaBackend::ReleaseSlot(void* data) {
   CudaBackend* self = p->backend;
   Status s = self->client_->Release(p->batch);
   if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(self->deferred_mutex_);
+    MutexLock lock(&self->deferred_mutex_);
     if (self->deferred_.ok()) {
       self->deferred_ =
           s.WithContext("staging: giving ring slot " + std::to_string(p->batch.slot) +
