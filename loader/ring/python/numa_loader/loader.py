@@ -706,10 +706,11 @@ class Loader(_Closes):
     torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, else one rank.
 
     Every keyword of SERVE_OPTIONS is the `loader serve` flag of that name
-    (underscores for dashes), with its default: batch_size=64, image_size=224,
-    augment=False, order="auto", io_memory=None (the loader's), decode="auto",
-    normalize=False, mean=..., drop_last (DistributedSampler's: pad or trim
-    the split across ranks), drop_last_batch (DataLoader's drop_last), ...
+    (underscores for dashes), with the default the loader binary gives it
+    (`loader serve --options-json`: batch_size, image_size, augment, order,
+    io_memory, decode, normalize, mean, drop_last (DistributedSampler's: pad
+    or trim the split across ranks), drop_last_batch (DataLoader's
+    drop_last), ...); split too, when not given.
 
     Each iter() is one epoch of len(loader) batches: the epoch set_epoch()
     set (like DistributedSampler, iterating again without it repeats the same
@@ -736,7 +737,7 @@ class Loader(_Closes):
     lines (its plan, its order) off stderr; errors still carry them.
     """
 
-    def __init__(self, data, split="train", *, rank=None, world_size=None, local_rank=None,
+    def __init__(self, data, split=None, *, rank=None, world_size=None, local_rank=None,
                  local_world_size=None, job_id=None, pin_memory=False, timeout_s=60.0,
                  start_timeout_s=120.0, quiet=False, **options):
         self._proc = None
@@ -750,7 +751,9 @@ class Loader(_Closes):
                             "options are: %s)" % ("s" if len(unknown) > 1 else "",
                                                   ", ".join(unknown), ", ".join(table[0])))
         opts = {k: d for k, (_, d) in table[0].items()}
-        opts.update(options, split=split)
+        opts.update(options)
+        if split is not None:
+            opts["split"] = split
         if not isinstance(data, (str, bytes, os.PathLike)):
             raise TypeError("data must be a path, not %r" % (data,))
         self.data = os.path.abspath(os.path.expanduser(os.fsdecode(data)))
@@ -772,7 +775,7 @@ class Loader(_Closes):
         self._state = (0, 0)  # what state_dict() says: the epoch iterated last, its next batch
         self._next = None  # (epoch, batch) the server's stream gives next
         self._iterated = set()  # epochs iterated to the end (to warn of a missing set_epoch)
-        data_id, self._manifest_sha = _data_ids(self.data, split)
+        data_id, self._manifest_sha = _data_ids(self.data, opts["split"])
         # The ranks agree on the job id and compare their settings within timeout_s.
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         self._store, why = _settings_store(self.rank, self.world_size, deadline)
