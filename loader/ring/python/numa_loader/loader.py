@@ -59,7 +59,14 @@ def serve_options(loader=None):
                              or out.stdout[:200]))
     options, ranges, choices = collections.OrderedDict(), {}, {}
     for o in table:
-        name, kind = o["field"], o["kind"]
+        try:
+            name, kind = o["field"], o["kind"]
+            o["default"], (o["choices"] if kind == "choice" else None)
+            (o["min"], o["max"]) if "min" in o else None
+        except (KeyError, TypeError):
+            raise LoaderError("%s serve --options-json: an entry is not an option "
+                              "(field, kind, default; min and max; choices): %r"
+                              % (path, o)) from None
         if kind not in _KINDS:
             raise LoaderError("%s serve --options-json: --%s is of a kind this package does not "
                               "know, %r (a newer loader than this package?)" % (path, name, kind))

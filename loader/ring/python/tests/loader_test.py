@@ -130,6 +130,14 @@ class OptionsTest(unittest.TestCase):
         options, ranges, _ = numa_loader.loader.serve_options(fake)
         self.assertEqual(options["batch_size"], ("int", 7))
         self.assertEqual(ranges["batch_size"], (1, 9))
+        # A table whose entry lacks a key (a crafted or foreign binary): LoaderError, not KeyError.
+        crafted = os.path.join(WORK, "crafted-loader")
+        with open(crafted, "w") as f:
+            f.write("#!/bin/sh\necho '[{\"field\": \"batch_size\", \"kind\": \"int\"}]'\n")
+        os.chmod(crafted, 0o755)
+        with self.assertRaisesRegex(LoaderError, "crafted-loader serve --options-json: an entry is "
+                                                 "not an option"):
+            numa_loader.loader.serve_options(crafted)
         # One that cannot say: LoaderError naming it.
         broken = os.path.join(WORK, "broken-loader")
         with open(broken, "w") as f:
